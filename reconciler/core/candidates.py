@@ -1,0 +1,99 @@
+"""An incremental index of fitting hosts per request shape, so admission is not O(hosts).
+
+Placing a request evaluates every host once, then keeps the fitting ones in a heap
+ordered exactly as :func:`reconciler.core.placement.choose` orders them (room left,
+then host name). The state logs every host whose booking, snapshot or inventory
+changed; the next placement of the same shape re-evaluates only those hosts. Stale heap
+entries are dropped lazily by their stamp. The index is derived data: it is never
+persisted, a reload starts it afresh, and its answer is always the one a full scan
+would give.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+
+from reconciler.core.model import HostName
+
+#: (sort key, host name, stamp)
+_Entry = tuple[float, str, int]
+
+_MAX_SHAPES = 64
+_MAX_LOG = 8192
+
+
+@dataclass(slots=True)
+class _Shape:
+    pos: int
+    stamps: dict[HostName, int] = field(default_factory=dict)
+    heap: list[_Entry] = field(default_factory=list)
+    #: furthest filter stage (an int, see placement.Fit) each host reached, and counts
+    stages: dict[HostName, int] = field(default_factory=dict)
+    stage_counts: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class CandidateIndex:
+    #: hosts whose placement inputs changed, since ``base``
+    log: list[HostName] = field(default_factory=list)
+    base: int = 0
+    shapes: dict[Hashable, _Shape] = field(default_factory=dict)
+    counter: int = 0
+
+    def touch(self, host: HostName) -> None:
+        self.log.append(host)
+
+    def reset(self) -> None:
+        self.log.clear()
+        self.shapes.clear()
+
+    def best(
+        self,
+        shape_key: Hashable,
+        hosts: list[HostName],
+        score: Callable[[HostName], tuple[int, float | None]],
+    ) -> tuple[HostName | None, dict[int, int]]:
+        """The host with the lowest score, ties by host name, and how many hosts reached
+        each filter stage. ``score`` gives a host's stage and its score (None: no fit)."""
+        if len(self.log) > _MAX_LOG:
+            self.base += len(self.log)
+            self.log.clear()
+        head = self.base + len(self.log)
+        shape = self.shapes.get(shape_key)
+        if shape is None or shape.pos < self.base:
+            if len(self.shapes) >= _MAX_SHAPES:
+                self.shapes.clear()
+            shape = _Shape(pos=head)
+            self.shapes[shape_key] = shape
+            changed: list[HostName] | set[HostName] = hosts
+        else:
+            changed = set(self.log[shape.pos - self.base :])
+            shape.pos = head
+        for name in changed:
+            self._rescore(shape, name, *score(name))
+        if len(shape.heap) > 4 * len(shape.stamps) + 64:
+            shape.heap = [e for e in shape.heap if shape.stamps.get(HostName(e[1])) == e[2]]
+            heapq.heapify(shape.heap)
+        heap = shape.heap
+        while heap:
+            _, entry_name, stamp = heap[0]
+            name = HostName(entry_name)
+            if shape.stamps.get(name) == stamp:
+                return name, shape.stage_counts
+            heapq.heappop(heap)
+        return None, shape.stage_counts
+
+    def _rescore(self, shape: _Shape, name: HostName, stage: int, value: float | None) -> None:
+        self.counter += 1
+        old = shape.stages.get(name)
+        if old is not None:
+            shape.stage_counts[old] -= 1
+        shape.stages[name] = stage
+        shape.stage_counts[stage] = shape.stage_counts.get(stage, 0) + 1
+        if value is None:
+            shape.stamps.pop(name, None)
+            return
+        shape.stamps[name] = self.counter
+        heapq.heappush(shape.heap, (value, name, self.counter))

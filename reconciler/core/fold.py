@@ -1,0 +1,865 @@
+"""The fold: every input, in stream order, applied to the state, returning its effects.
+
+This is where every safety rule lives (DESIGN.md, principle 1). It is deterministic:
+time is the input message's timestamp, ids derive from the input sequence and the
+request ids, and every choice ends in a total order on names. A message at or below
+``state.applied_seq`` is skipped, so a redelivered batch changes nothing.
+
+Outputs are encoded here, once, with sorted keys, so that folding the same stream twice
+gives the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+import orjson
+
+from reconciler.core import inputs as ev
+from reconciler.core.model import (
+    TAG_JOB,
+    TAG_KIND,
+    TAG_LEASE_ID,
+    TAG_POOL,
+    ClassName,
+    GpuPolicy,
+    GpuProfile,
+    Host,
+    HostName,
+    JobId,
+    Lease,
+    LeaseId,
+    LeaseKind,
+    LeaseState,
+    Pool,
+    PoolName,
+    RequestId,
+    ResourceClass,
+    Resources,
+)
+from reconciler.core.placement import (
+    ClaimError,
+    PlacementResult,
+    booking,
+    capacity_bound,
+    merge_claims,
+    place,
+    resolve_claims,
+)
+from reconciler.core.preemption import choose_victims
+from reconciler.core.runtime import (
+    RuntimeConfigError,
+    runtime_basis,
+    validate_overrides,
+    validate_profile,
+)
+from reconciler.core.state import DecisionRecord, Effects, Output, State, Transition
+
+_DUMP_OPTS = orjson.OPT_SORT_KEYS
+
+
+#: rejections that preemption may turn around (capacity, possibly on the selected host)
+_PREEMPTIBLE_REASONS = ("insufficient-capacity", "selected-host-unsuitable")
+
+
+def encode(payload: dict[str, Any]) -> bytes:
+    return orjson.dumps(payload, option=_DUMP_OPTS)
+
+
+# ============================================================================ entry
+
+
+def fold(state: State, message: ev.Message, fx: Effects | None = None) -> Effects:
+    """Apply one message. Skipped (no effects) when at or below the applied position."""
+    fx = fx if fx is not None else Effects()
+    if message.seq <= state.applied_seq:
+        return fx
+    _Step(state, message, fx).run()
+    state.applied_seq = message.seq
+    return fx
+
+
+def fold_batch(state: State, messages: Iterable[ev.Message]) -> Effects:
+    fx = Effects()
+    for message in messages:
+        fold(state, message, fx)
+    return fx
+
+
+# ============================================================================= step
+
+
+class _Step:
+    """One message being folded; a small object so helpers share seq, time and effects."""
+
+    __slots__ = ("fx", "msg", "seq", "state", "ts")
+
+    def __init__(self, state: State, message: ev.Message, fx: Effects) -> None:
+        self.state = state
+        self.msg = message
+        self.seq = message.seq
+        self.ts = message.timestamp
+        self.fx = fx
+
+    def run(self) -> None:
+        item = self.msg.input
+        handler = _HANDLERS.get(type(item))
+        if handler is None:  # pragma: no cover - every input type is registered
+            raise TypeError(f"no handler for {type(item).__name__}")
+        if isinstance(item, ev.Command) and item.request_id in self.state.decisions:
+            self._republish(item.request_id)
+            return
+        handler(self, item)
+
+    # ------------------------------------------------------------------ helpers
+
+    def note(self, text: str) -> None:
+        self.fx.notes.append((self.seq, text))
+
+    def _republish(self, request_id: RequestId) -> None:
+        record = self.state.decisions[request_id]
+        self.fx.outputs.append(Output(f"out.decision.{request_id}", record.msg_id, record.payload))
+        self.note(f"request {request_id} already decided; decision re-sent")
+
+    def decide(
+        self,
+        request_id: RequestId,
+        verb: str,
+        outcome: str,
+        *,
+        phase: str = "final",
+        reason: str | None = None,
+        detail: str | None = None,
+        lease: Lease | None = None,
+        victims: Iterable[Lease] | None = None,
+    ) -> None:
+        payload: dict[str, Any] = {
+            "v": 1,
+            "request_id": request_id,
+            "verb": verb,
+            "phase": phase,
+            "outcome": outcome,
+            "input_seq": self.seq,
+            "decided_at": self.ts,
+        }
+        if reason is not None:
+            payload["reason"] = reason
+        if detail is not None:
+            payload["detail"] = detail
+        if lease is not None:
+            payload["lease"] = lease.as_dict()
+        if victims is not None:
+            payload["victims"] = [
+                {"lease_id": v.lease_id, "instance": v.instance, "host": v.host} for v in victims
+            ]
+        msg_id = f"decision:{request_id}:{phase}"
+        data = encode(payload)
+        self.state.decisions[request_id] = DecisionRecord(
+            request_id=request_id,
+            verb=verb,
+            phase=phase,
+            msg_id=msg_id,
+            payload=data,
+            lease_id=lease.lease_id if lease is not None else None,
+        )
+        self.fx.decisions.add(request_id)
+        self.fx.outputs.append(Output(f"out.decision.{request_id}", msg_id, data))
+
+    def move(self, lease: Lease, to: LeaseState, event: str, **changes: Any) -> Lease:
+        """Change a lease's state (or only its fields, when ``to`` is its state)."""
+        new = replace(lease, state=to, **changes)
+        self.state.put_lease(new)
+        self.fx.leases.add(new.lease_id)
+        self.fx.hosts.add(new.host)
+        self.fx.pools.add(new.pool)
+        if to is not lease.state:
+            self.fx.transitions.append(
+                Transition(self.seq, new.lease_id, event, lease.state.value, to.value)
+            )
+        return new
+
+    def create(self, lease: Lease, event: str) -> None:
+        self.state.put_lease(lease)
+        self.fx.leases.add(lease.lease_id)
+        self.fx.hosts.add(lease.host)
+        self.fx.pools.add(lease.pool)
+        self.fx.transitions.append(
+            Transition(self.seq, lease.lease_id, event, None, lease.state.value)
+        )
+
+    def exec_delete(self, lease: Lease, reason: str) -> None:
+        command_id = f"delete:{lease.lease_id}:{reason}"
+        payload = {
+            "v": 1,
+            "command_id": command_id,
+            "host": lease.host,
+            "instance": lease.instance,
+            "project": lease.project,
+            "lease_id": lease.lease_id,
+            "reason": reason,
+        }
+        self.fx.outputs.append(Output(f"out.exec.{lease.host}.delete", command_id, encode(payload)))
+
+    def exec_create(self, lease: Lease, pool: Pool, host: Host) -> None:
+        command_id = f"create:{lease.lease_id}"
+        by_index = {g.index: g for g in host.gpus}
+        payload = {
+            "v": 1,
+            "command_id": command_id,
+            "host": lease.host,
+            "instance": lease.instance,
+            "project": lease.project,
+            "lease_id": lease.lease_id,
+            "pool": lease.pool,
+            "image": pool.image,
+            "profiles": list(pool.profiles),
+            "demand": lease.demand.as_dict(),
+            "gpus": [{"index": i, "pci_address": by_index[i].pci_address} for i in lease.gpus],
+        }
+        self.fx.outputs.append(Output(f"out.exec.{lease.host}.create", command_id, encode(payload)))
+
+    def reject_config(self, kind: str, name: str, error: str) -> None:
+        payload = {"v": 1, "kind": kind, "name": name, "error": error, "input_seq": self.seq}
+        self.fx.outputs.append(
+            Output(f"out.config.rejected.{kind}.{name}", f"rejected:{self.seq}", encode(payload))
+        )
+        self.note(f"config {kind} {name} rejected: {error}")
+
+    def release(self, lease: Lease, event: str) -> None:
+        """Release a lease (idempotent) and let any launch gate waiting on it move."""
+        if not lease.active:
+            return
+        if lease.gated and lease.awaiting_victims:
+            # Its victims still run: keep booking their room until they are gone, so
+            # nothing else can be admitted onto capacity that is not free yet.
+            if lease.state is not LeaseState.DELETING:
+                self.move(lease, LeaseState.DELETING, event)
+            self.note(f"{lease.lease_id} waits for its victims before it is released")
+            return
+        released = self.move(
+            lease,
+            LeaseState.RELEASED,
+            event,
+            suspect_revision=None,
+            gate_seq=None,
+            awaiting_victims=(),
+        )
+        if released.victim_of is not None:
+            self._victim_gone(released)
+
+    def _victim_gone(self, victim: Lease) -> None:
+        record = self.state.decisions.get(victim.victim_of) if victim.victim_of else None
+        pending = self.state.leases.get(record.lease_id) if record and record.lease_id else None
+        if pending is None or not pending.gated:
+            return
+        remaining = tuple(v for v in pending.awaiting_victims if v != victim.lease_id)
+        pending = self.move(pending, pending.state, "victim-released", awaiting_victims=remaining)
+        if pending.state is LeaseState.DELETING:
+            if not remaining:
+                self.release(pending, "victims-released")
+            return
+        self.check_gates(pending.host)
+
+    def check_gates(self, host_name: HostName) -> None:
+        """Open every launch gate on the host whose victims are gone and whose fit a
+        snapshot or inventory newer than the pending decision proves again."""
+        host = self.state.hosts.get(host_name)
+        if host is None:
+            return
+        for lease in self.state.active_on_host(host_name):
+            if not lease.gated or lease.awaiting_victims or lease.state is not LeaseState.RESERVED:
+                continue
+            if not host.schedulable:
+                self.note(f"gate of {lease.lease_id} stays shut: {host_name} is unschedulable")
+                continue
+            gate = lease.gate_seq or 0
+            if host.snapshot_seq <= gate and host.inventory_seq <= gate:
+                continue
+            book = booking(self.state, host, without=[lease])
+            room = host.allocatable - book.booked
+            if not lease.demand.fits_in(room) or book.used_gpus & set(lease.gpus):
+                self.note(f"gate of {lease.lease_id} stays shut: fit not proven on {host_name}")
+                continue
+            opened = self.move(lease, lease.state, "gate-opened", gate_seq=None)
+            assert opened.request_id is not None
+            self.decide(opened.request_id, "admit-preemptible", "admitted", lease=opened)
+
+    # ----------------------------------------------------------- host inputs
+
+    def on_snapshot(self, snap: ev.HostSnapshot) -> None:
+        old = self.state.hosts.get(snap.host)
+        same_identity = old is not None and old.uid == snap.uid
+        if old is not None and same_identity and snap.revision <= old.snapshot_revision:
+            self.note(f"snapshot r{snap.revision} of {snap.host} is stale; ignored")
+            return
+        base = old if (old is not None and same_identity) else Host(name=snap.host, uid=snap.uid)
+        gpu_inputs_changed = (
+            base.gpus != snap.gpus
+            or base.labels != snap.labels
+            or base.gpu_profile != snap.gpu_profile
+            or base.gpu_revision < 0
+        )
+        host = replace(
+            base,
+            uid=snap.uid,
+            snapshot_revision=snap.revision,
+            snapshot_seq=self.seq,
+            schedulable=snap.schedulable,
+            labels=dict(snap.labels),
+            capacity=snap.capacity,
+            reserve=snap.reserve,
+            gpus=tuple(sorted(snap.gpus, key=lambda g: g.index)),
+            gpu_profile=snap.gpu_profile,
+            gpu_revision=snap.revision if gpu_inputs_changed else base.gpu_revision,
+            foreign_gpus=frozenset(g.index for g in snap.gpus if g.pci_address in base.foreign_pci),
+        )
+        self.state.put_host(host)
+        self.fx.hosts.add(snap.host)
+        self.check_gates(snap.host)
+
+    def on_inventory(self, inv: ev.HostInventory) -> None:
+        old = self.state.hosts.get(inv.host)
+        if old is None:
+            old = Host(name=inv.host, uid=inv.uid)
+        elif old.uid != inv.uid:
+            self.note(f"inventory of {inv.host} for uid {inv.uid} but host is {old.uid}; ignored")
+            return
+        if inv.revision <= old.inventory_revision:
+            self.note(f"inventory r{inv.revision} of {inv.host} is stale; ignored")
+            return
+        seen: set[LeaseId] = set()
+        foreign = Resources()
+        foreign_pci: set[str] = set()
+        foreign_names: list[str] = []
+        pci = old.gpu_by_pci()
+        for inst in inv.instances:
+            lease = self.state.lease_of_instance(inst.name)
+            if lease is not None and lease.active and lease.host == inv.host:
+                seen.add(lease.lease_id)
+                self._observed(lease, inv)
+                continue
+            tagged = inst.config.get(TAG_LEASE_ID)
+            if tagged:
+                known = self.state.leases.get(LeaseId(tagged))
+                if known is None and lease is None:
+                    adopted_id = LeaseId(f"A{self.seq}-{len(seen)}")
+                    seen.add(self._adopt(inv, inst, adopted_id, pci))
+                    continue
+                if known is not None and not known.active and known.instance == inst.name:
+                    self.exec_delete(known, "orphan")
+                    self.note(f"{inst.name} on {inv.host} carries released lease {tagged}")
+            foreign = foreign + inst.resources
+            foreign_pci.update(inst.gpus)
+            foreign_names.append(inst.name)
+        host = replace(
+            old,
+            inventory_revision=inv.revision,
+            inventory_seq=self.seq,
+            foreign_demand=foreign,
+            foreign_pci=frozenset(foreign_pci),
+            foreign_gpus=frozenset(pci[a].index for a in foreign_pci if a in pci),
+            foreign_instances=tuple(sorted(foreign_names)),
+        )
+        self.state.put_host(host)
+        self.fx.hosts.add(inv.host)
+        for lease in self.state.active_on_host(inv.host):
+            if (
+                lease.lease_id not in seen
+                and lease.state is not LeaseState.RESERVED
+                and lease.suspect_revision is None
+            ):
+                self.move(lease, lease.state, "missing", suspect_revision=inv.revision)
+                self.note(f"{lease.instance} missing from inventory r{inv.revision}; suspect")
+        self.check_gates(inv.host)
+
+    def _observed(self, lease: Lease, inv: ev.HostInventory) -> None:
+        if lease.state is LeaseState.RESERVED and not lease.gated:
+            lease = self.move(lease, LeaseState.CREATED, "inventory")
+        if lease.suspect_revision is not None:
+            self.move(lease, lease.state, "reappeared", suspect_revision=None)
+
+    def _adopt(
+        self,
+        inv: ev.HostInventory,
+        inst: ev.ObservedInstance,
+        lease_id: LeaseId,
+        pci: dict[str, Any],
+    ) -> LeaseId:
+        kind = LeaseKind.WARM if inst.config.get(TAG_KIND) == "warm" else LeaseKind.COLD
+        job = inst.config.get(TAG_JOB) or None
+        if kind is LeaseKind.COLD:
+            state = LeaseState.CREATED
+        elif job is not None:
+            state = LeaseState.CLAIMED
+        elif inst.status_code in (103, 113):  # Running, Ready
+            state = LeaseState.READY
+        else:
+            state = LeaseState.CREATED
+        host = self.state.hosts.get(inv.host)
+        basis = runtime_basis(self.state, host) if host else (-1, None, -1)
+        lease = Lease(
+            lease_id=lease_id,
+            instance=inst.name,
+            host=inv.host,
+            host_uid=inv.uid,
+            pool=PoolName(inst.config.get(TAG_POOL, "")),
+            kind=kind,
+            state=state,
+            demand=inst.resources,
+            gpus=tuple(sorted(pci[a].index for a in inst.gpus if a in pci)),
+            project=inst.project,
+            job=JobId(job) if job else None,
+            admitted_seq=self.seq,
+            ready_seq=self.seq if state is LeaseState.READY else 0,
+            adopted=True,
+            runtime_gpu_revision=basis[0],
+            runtime_profile=basis[1],
+            runtime_profile_revision=basis[2],
+        )
+        self.create(lease, "adopted")
+        if lease.job is not None and lease.job not in self.state.jobs:
+            self.state.jobs[lease.job] = lease_id
+        self.note(f"adopted {inst.name} on {inv.host} as {lease_id} ({state.value})")
+        return lease_id
+
+    def _lease_here(self, host: HostName, instance: str | None, project: str) -> Lease | None:
+        if instance is None:
+            return None
+        lease = self.state.lease_of_instance(instance)
+        if lease is None or not lease.active or lease.host != host or lease.project != project:
+            return None
+        return lease
+
+    def on_lifecycle(self, event: ev.Lifecycle) -> None:
+        lease = self._lease_here(event.host, event.instance, event.project)
+        if lease is None:
+            self.note(f"lifecycle {event.action} for {event.instance}: no lease here")
+            return
+        action = event.action
+        if action == "instance-created":
+            if lease.state is LeaseState.RESERVED and not lease.gated:
+                self.move(lease, LeaseState.CREATED, action)
+        elif action in ("instance-ready", "instance-agent-started"):
+            if (
+                lease.kind is LeaseKind.WARM
+                and lease.state
+                in (
+                    LeaseState.RESERVED,
+                    LeaseState.CREATED,
+                )
+                and not lease.gated
+            ):
+                self.move(lease, LeaseState.READY, action, ready_seq=self.seq)
+        elif action == "instance-deleted":
+            self.release(lease, action)
+        else:
+            self.note(f"lifecycle {action} for {lease.instance} recorded")
+
+    def on_observation(self, obs: ev.Observation) -> None:
+        lease = self.state.lease_of_instance(obs.instance)
+        if lease is None or not lease.active or lease.host != obs.host:
+            self.note(f"observation of {obs.instance}: no active lease on {obs.host}")
+            return
+        if lease.suspect_revision is None:
+            self.note(f"observation of {obs.instance}: not suspect")
+        elif obs.present:
+            self.move(lease, lease.state, "verified-present", suspect_revision=None)
+        elif obs.checked_revision >= lease.suspect_revision:
+            self.release(lease, "verified-absent")
+        else:
+            self.note(f"observation of {obs.instance} older than its suspicion; ignored")
+
+    # ---------------------------------------------------------------- config
+
+    def on_pool(self, cfg: ev.PoolConfig) -> None:
+        warm = cfg.warm
+        error = None
+        if warm.min_ready > warm.max_ready:
+            error = (
+                f"pool {cfg.pool!r}: warm.min_ready {warm.min_ready} > max_ready {warm.max_ready}"
+            )
+        elif warm.max_ready > cfg.max_instances:
+            error = (
+                f"pool {cfg.pool!r}: warm.max_ready {warm.max_ready} > "
+                f"max_instances {cfg.max_instances}"
+            )
+        elif len({c.name for c in cfg.claims}) != len(cfg.claims):
+            error = f"pool {cfg.pool!r}: claim names repeat"
+        elif warm.max_ready > 0 and not cfg.image:
+            error = f"pool {cfg.pool!r}: a warm pool needs an image"
+        if error is not None:
+            self.reject_config("pool", cfg.pool, error)
+            return
+        self.state.pools[cfg.pool] = Pool(
+            name=cfg.pool,
+            flavor=cfg.flavor,
+            claims=cfg.claims,
+            warm=cfg.warm,
+            max_instances=cfg.max_instances,
+            priority=cfg.priority,
+            host_selector=dict(cfg.host_selector),
+            placement=cfg.placement,
+            image=cfg.image,
+            profiles=cfg.profiles,
+            project=cfg.project,
+            seq=self.seq,
+        )
+        self.fx.pools.add(cfg.pool)
+
+    def on_class(self, cfg: ev.ClassConfig) -> None:
+        gpu = cfg.gpu
+        error = None
+        if gpu is not None and gpu.count < 1:
+            error = f"class {cfg.name!r}: parameters.gpu.count must be at least 1, not {gpu.count}"
+        elif gpu is not None and (gpu.vendor == "" or gpu.model == ""):
+            error = f"class {cfg.name!r}: parameters.gpu vendor and model may not be empty"
+        if error is not None:
+            self.reject_config("class", cfg.name, error)
+            return
+        self.state.classes[ClassName(cfg.name)] = ResourceClass(
+            name=cfg.name, gpu=gpu, host_selector=dict(cfg.host_selector), seq=self.seq
+        )
+        self.fx.classes.add(cfg.name)
+
+    def on_gpu_profile(self, cfg: ev.GpuProfileConfig) -> None:
+        old = self.state.profiles.get(cfg.name)
+        if old is not None and cfg.revision <= old.revision:
+            self.note(f"gpu-profile {cfg.name} r{cfg.revision} is stale; ignored")
+            return
+        try:
+            validate_profile(cfg.name, cfg.defaults)
+        except RuntimeConfigError as exc:
+            self.reject_config("gpu-profile", cfg.name, str(exc))
+            return
+        self.state.profiles[cfg.name] = GpuProfile(cfg.name, cfg.revision, cfg.defaults, self.seq)
+        self.fx.profiles.add(cfg.name)
+
+    def on_gpu_policy(self, cfg: ev.GpuPolicyConfig) -> None:
+        try:
+            overrides = validate_overrides(cfg.name, cfg.overrides)
+            if cfg.selector.indexes is not None and any(i < 0 for i in cfg.selector.indexes):
+                raise RuntimeConfigError(f"gpu-policy {cfg.name!r}: negative GPU index")
+        except RuntimeConfigError as exc:
+            self.reject_config("gpu-policy", cfg.name, str(exc))
+            return
+        self.state.policies[cfg.name] = GpuPolicy(
+            cfg.name, cfg.priority, cfg.selector, overrides, self.seq
+        )
+        self.fx.policies.add(cfg.name)
+
+    # -------------------------------------------------------------- commands
+
+    def on_admit(self, cmd: ev.Admit) -> None:
+        verb = cmd.verb
+        pool = self.state.pools.get(cmd.pool)
+        if pool is None:
+            self.decide(
+                cmd.request_id,
+                verb,
+                "rejected",
+                reason="unknown-pool",
+                detail=f"no pool named {cmd.pool!r}",
+            )
+            return
+        existing = self.state.lease_of_instance(cmd.instance)
+        if existing is not None and existing.active:
+            self.decide(
+                cmd.request_id,
+                verb,
+                "rejected",
+                reason="duplicate-instance",
+                detail=f"{cmd.instance!r} already holds lease {existing.lease_id}",
+            )
+            return
+        at_max = self._pool_at_max(pool, cmd.kind)
+        if at_max is not None:
+            self.decide(cmd.request_id, verb, "rejected", reason="pool-at-max", detail=at_max)
+            return
+        try:
+            claims = resolve_claims(self.state, merge_claims(pool, cmd.claims))
+        except ClaimError as exc:
+            self.decide(cmd.request_id, verb, "rejected", reason="invalid-claim", detail=str(exc))
+            return
+        result = place(self.state, pool, pool.flavor, claims, selected=cmd.host)
+        if result.chosen is not None:
+            lease = self._reserve(cmd, pool, result.chosen.host, result.chosen.gpus)
+            self.decide(cmd.request_id, verb, "admitted", lease=lease)
+            if lease.kind is LeaseKind.WARM:
+                self.exec_create(lease, pool, result.chosen.host)
+            return
+        assert result.reason is not None
+        if cmd.preemptible and result.reason in (
+            "insufficient-capacity",
+            "selected-host-unsuitable",
+        ):
+            capacity_hosts = capacity_bound(
+                self.state,
+                pool,
+                pool.flavor,
+                claims,
+                [cmd.host] if cmd.host is not None else self._hosts_with_idle_warm(),
+            )
+            preemption = choose_victims(self.state, pool, pool.flavor, claims, capacity_hosts)
+            if preemption is not None:
+                self._preempt(
+                    cmd, pool, preemption.fit.host, preemption.fit.gpus, preemption.victims
+                )
+                return
+        self.decide(
+            cmd.request_id,
+            verb,
+            "rejected",
+            reason=result.reason,
+            detail=_rejection_detail(result, cmd),
+        )
+
+    def _hosts_with_idle_warm(self) -> set[HostName]:
+        leases = self.state.leases
+        return {leases[i].host for ids in self.state.pool_ready.values() for i in ids}
+
+    def _pool_at_max(self, pool: Pool, kind: LeaseKind) -> str | None:
+        booking_count = self.state.pool_booking.get(pool.name, 0)
+        if booking_count >= pool.max_instances:
+            return f"pool {pool.name!r} has {booking_count} of max_instances {pool.max_instances}"
+        warm = self.state.pool_warm_unclaimed.get(pool.name, 0)
+        if kind is LeaseKind.WARM and warm >= pool.warm.max_ready:
+            return (
+                f"pool {pool.name!r} has {warm} unclaimed warm VMs of "
+                f"max_ready {pool.warm.max_ready}"
+            )
+        return None
+
+    def _reserve(
+        self,
+        cmd: ev.Admit,
+        pool: Pool,
+        host: Host,
+        gpus: tuple[int, ...],
+        *,
+        gate: tuple[LeaseId, ...] | None = None,
+    ) -> Lease:
+        basis = runtime_basis(self.state, host)
+        lease = Lease(
+            lease_id=LeaseId(f"L{self.seq}"),
+            instance=cmd.instance,
+            host=host.name,
+            host_uid=host.uid,
+            pool=pool.name,
+            kind=cmd.kind,
+            state=LeaseState.RESERVED,
+            demand=pool.flavor,
+            gpus=gpus,
+            project=pool.project,
+            job=cmd.job,
+            request_id=cmd.request_id,
+            admitted_seq=self.seq,
+            gate_seq=self.seq if gate is not None else None,
+            awaiting_victims=gate or (),
+            runtime_gpu_revision=basis[0],
+            runtime_profile=basis[1],
+            runtime_profile_revision=basis[2],
+        )
+        self.create(lease, cmd.verb)
+        if cmd.job is not None and cmd.job not in self.state.jobs:
+            self.state.jobs[cmd.job] = lease.lease_id
+        return lease
+
+    def _preempt(
+        self,
+        cmd: ev.Admit,
+        pool: Pool,
+        host: Host,
+        gpus: tuple[int, ...],
+        victims: tuple[Lease, ...],
+    ) -> None:
+        for victim in victims:
+            marked = self.move(victim, LeaseState.VICTIM, "preempted", victim_of=cmd.request_id)
+            self.exec_delete(marked, "preempted")
+        lease = self._reserve(cmd, pool, host, gpus, gate=tuple(v.lease_id for v in victims))
+        self.decide(
+            cmd.request_id, cmd.verb, "pending", phase="pending", lease=lease, victims=victims
+        )
+
+    def on_claim_warm(self, cmd: ev.ClaimWarm) -> None:
+        verb = cmd.verb
+        bound = self.state.jobs.get(cmd.job)
+        if bound is not None:
+            lease = self.state.leases[bound]
+            self.decide(
+                cmd.request_id,
+                verb,
+                "claimed",
+                lease=lease,
+                detail=f"job already bound to {lease.instance}",
+            )
+            return
+        if cmd.pool not in self.state.pools:
+            self.decide(
+                cmd.request_id,
+                verb,
+                "no-warm",
+                reason="unknown-pool",
+                detail=f"no pool named {cmd.pool!r}",
+            )
+            return
+        ready = [self.state.leases[i] for i in self.state.pool_ready.get(cmd.pool, ())]
+        if not ready:
+            booting = self.state.pool_warm_unclaimed.get(cmd.pool, 0) > 0
+            self.decide(
+                cmd.request_id,
+                verb,
+                "no-warm",
+                reason="not-ready" if booting else None,
+                detail="warm VMs are still booting" if booting else "no ready warm VM",
+            )
+            return
+        chosen = min(ready, key=lambda le: (le.ready_seq, le.lease_id))
+        claimed = self.move(chosen, LeaseState.CLAIMED, verb, job=cmd.job)
+        self.state.jobs[cmd.job] = claimed.lease_id
+        self.decide(cmd.request_id, verb, "claimed", lease=claimed)
+
+    def on_drain(self, cmd: ev.AuthorizeWarmDrain) -> None:
+        verb = cmd.verb
+        lease = self.state.lease_of_instance(cmd.instance)
+        if lease is None or not lease.active:
+            self.decide(cmd.request_id, verb, "refused", reason="unknown-instance")
+            return
+        reason = _drain_refusal(lease)
+        if reason is not None:
+            self.decide(
+                cmd.request_id,
+                verb,
+                "refused",
+                reason=reason,
+                lease=lease,
+                detail=f"lease is {lease.kind.value} and {lease.state.value}",
+            )
+            return
+        drained = self.move(lease, LeaseState.DRAINING, verb)
+        self.exec_delete(drained, "drained")
+        self.decide(cmd.request_id, verb, "authorized", lease=drained)
+
+    def on_mark_created(self, cmd: ev.MarkCreated) -> None:
+        lease = self.state.lease_of_instance(cmd.instance)
+        if lease is None or not lease.active:
+            self.decide(
+                cmd.request_id,
+                cmd.verb,
+                "error",
+                reason="no-lease",
+                detail="admission must precede every mutation",
+            )
+            return
+        if lease.state is LeaseState.RESERVED and not lease.gated:
+            lease = self.move(lease, LeaseState.CREATED, cmd.verb)
+        elif lease.state is not LeaseState.CREATED:
+            detail = "launch gate still shut" if lease.gated else f"lease is {lease.state.value}"
+            self.decide(
+                cmd.request_id, cmd.verb, "error", reason="wrong-state", lease=lease, detail=detail
+            )
+            return
+        self.decide(cmd.request_id, cmd.verb, "ok", lease=lease)
+
+    def on_mark_injected(self, cmd: ev.MarkWarmInjected) -> None:
+        lease = self.state.lease_of_instance(cmd.instance)
+        if lease is None or not lease.active:
+            self.decide(cmd.request_id, cmd.verb, "error", reason="no-lease")
+            return
+        if lease.state not in (LeaseState.CLAIMED, LeaseState.INJECTED):
+            self.decide(cmd.request_id, cmd.verb, "error", reason="wrong-state", lease=lease)
+            return
+        if lease.job != cmd.job:
+            self.decide(
+                cmd.request_id,
+                cmd.verb,
+                "error",
+                reason="wrong-job",
+                lease=lease,
+                detail="claimed by another job",
+            )
+            return
+        if lease.state is LeaseState.CLAIMED:
+            lease = self.move(lease, LeaseState.INJECTED, cmd.verb)
+        self.decide(cmd.request_id, cmd.verb, "ok", lease=lease)
+
+    def on_mark_deleting(self, cmd: ev.MarkDeleting) -> None:
+        lease = self.state.lease_of_instance(cmd.instance)
+        if lease is not None and lease.active and lease.state is not LeaseState.DELETING:
+            lease = self.move(lease, LeaseState.DELETING, cmd.verb)
+        self.decide(cmd.request_id, cmd.verb, "ok", lease=lease)
+
+    def on_release(self, cmd: ev.Release) -> None:
+        lease = self.state.lease_of_instance(cmd.instance)
+        if lease is not None:
+            self.release(lease, cmd.verb)
+            lease = self.state.leases[lease.lease_id]
+        self.decide(cmd.request_id, cmd.verb, "ok", lease=lease)
+
+    def on_render_runtime(self, cmd: ev.RenderRuntime) -> None:
+        lease = self.state.lease_of_instance(cmd.instance)
+        host = self.state.hosts.get(lease.host) if lease is not None else None
+        if lease is None or not lease.active or host is None:
+            self.decide(cmd.request_id, cmd.verb, "error", reason="no-lease")
+            return
+        gpu_rev, profile, profile_rev = runtime_basis(self.state, host)
+        lease = self.move(
+            lease,
+            lease.state,
+            cmd.verb,
+            runtime_gpu_revision=gpu_rev,
+            runtime_profile=profile,
+            runtime_profile_revision=profile_rev,
+        )
+        self.decide(cmd.request_id, cmd.verb, "ok", lease=lease)
+
+
+def _drain_refusal(lease: Lease) -> str | None:
+    if lease.kind is not LeaseKind.WARM:
+        return "wrong-state"
+    match lease.state:
+        case LeaseState.READY:
+            return None if lease.job is None else "already-claimed"
+        case LeaseState.RESERVED | LeaseState.CREATED:
+            return "not-ready"
+        case LeaseState.CLAIMED | LeaseState.INJECTED:
+            return "already-claimed"
+        case LeaseState.DRAINING:
+            return "draining"
+        case _:
+            return "wrong-state"
+
+
+def _rejection_detail(result: PlacementResult, cmd: ev.Admit) -> str:
+    if cmd.host is not None:
+        stage = result.fits[0].fit.name.lower() if result.fits else "unknown host"
+        return f"selected host {cmd.host!r}: {stage}"
+    if not result.stages:
+        return "no hosts are known"
+    summary = ", ".join(
+        f"{n} {stage.name.lower()}" for stage, n in sorted(result.stages.items(), reverse=True)
+    )
+    return f"hosts by furthest filter stage reached: {summary}"
+
+
+_HANDLERS: dict[type, Any] = {
+    ev.HostSnapshot: _Step.on_snapshot,
+    ev.HostInventory: _Step.on_inventory,
+    ev.Lifecycle: _Step.on_lifecycle,
+    ev.Observation: _Step.on_observation,
+    ev.PoolConfig: _Step.on_pool,
+    ev.ClassConfig: _Step.on_class,
+    ev.GpuProfileConfig: _Step.on_gpu_profile,
+    ev.GpuPolicyConfig: _Step.on_gpu_policy,
+    ev.Admit: _Step.on_admit,
+    ev.ClaimWarm: _Step.on_claim_warm,
+    ev.AuthorizeWarmDrain: _Step.on_drain,
+    ev.MarkCreated: _Step.on_mark_created,
+    ev.MarkWarmInjected: _Step.on_mark_injected,
+    ev.MarkDeleting: _Step.on_mark_deleting,
+    ev.Release: _Step.on_release,
+    ev.RenderRuntime: _Step.on_render_runtime,
+}
+
+__all__ = ["encode", "fold", "fold_batch"]

@@ -1,0 +1,499 @@
+"""Typed input messages, as the fold consumes them.
+
+A payload reaches this module only after it passed its JSON Schema (see ``schemas/``
+and ``reconciler.bus.codec``); ``from_payload`` turns the validated dict into one of
+the dataclasses below. Anything the schema cannot express (a subject token that
+disagrees with the payload, say) raises :class:`DomainError`, which the caller
+dead-letters as ``domain``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from reconciler.core.model import (
+    ClaimSpec,
+    ClassName,
+    ComputeMode,
+    Gpu,
+    GpuRequest,
+    GpuRuntime,
+    HostName,
+    InstanceName,
+    JobId,
+    LeaseKind,
+    MigMode,
+    Placement,
+    PolicySelector,
+    PoolName,
+    RequestId,
+    Resources,
+    WarmPolicy,
+)
+
+
+class DomainError(ValueError):
+    """A well-formed payload that cannot be an input (dead-lettered as ``domain``)."""
+
+
+# --------------------------------------------------------------------------- hosts
+
+
+@dataclass(frozen=True, slots=True)
+class HostSnapshot:
+    host: HostName
+    uid: str
+    revision: int
+    schedulable: bool
+    labels: dict[str, str]
+    capacity: Resources
+    reserve: Resources
+    gpus: tuple[Gpu, ...]
+    gpu_profile: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedInstance:
+    name: InstanceName
+    project: str
+    status: str
+    status_code: int
+    type: str
+    config: dict[str, str]
+    resources: Resources
+    gpus: tuple[str, ...]  # PCI addresses
+
+
+@dataclass(frozen=True, slots=True)
+class HostInventory:
+    host: HostName
+    uid: str
+    revision: int
+    instances: tuple[ObservedInstance, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Lifecycle:
+    host: HostName
+    action: str
+    instance: InstanceName | None
+    project: str
+    timestamp: str
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    host: HostName
+    instance: InstanceName
+    present: bool
+    status: str | None
+    checked_revision: int
+
+
+# -------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    pool: PoolName
+    flavor: Resources
+    claims: tuple[ClaimSpec, ...]
+    warm: WarmPolicy
+    max_instances: int
+    priority: int
+    host_selector: dict[str, str]
+    placement: Placement
+    image: str
+    profiles: tuple[str, ...]
+    project: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClassConfig:
+    name: ClassName
+    gpu: GpuRequest | None
+    host_selector: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProfileConfig:
+    name: str
+    revision: int
+    defaults: GpuRuntime
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPolicyConfig:
+    name: str
+    priority: int
+    selector: PolicySelector
+    overrides: dict[str, Any]  # validated by the fold, so a bad one is rejected by name
+
+
+# ------------------------------------------------------------------------ commands
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    request_id: RequestId
+    pool: PoolName
+    instance: InstanceName
+    kind: LeaseKind
+    job: JobId | None
+    host: HostName | None
+    claims: tuple[ClaimSpec, ...]
+    preemptible: bool = False
+
+    @property
+    def verb(self) -> str:
+        return "admit-preemptible" if self.preemptible else "admit"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimWarm:
+    request_id: RequestId
+    pool: PoolName
+    job: JobId
+    verb = "claim-warm"
+
+
+@dataclass(frozen=True, slots=True)
+class AuthorizeWarmDrain:
+    request_id: RequestId
+    instance: InstanceName
+    verb = "authorize-warm-drain"
+
+
+@dataclass(frozen=True, slots=True)
+class MarkCreated:
+    request_id: RequestId
+    instance: InstanceName
+    verb = "mark-created"
+
+
+@dataclass(frozen=True, slots=True)
+class MarkWarmInjected:
+    request_id: RequestId
+    instance: InstanceName
+    job: JobId
+    verb = "mark-warm-injected"
+
+
+@dataclass(frozen=True, slots=True)
+class MarkDeleting:
+    request_id: RequestId
+    instance: InstanceName
+    verb = "mark-deleting"
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    request_id: RequestId
+    instance: InstanceName
+    verb = "release"
+
+
+@dataclass(frozen=True, slots=True)
+class RenderRuntime:
+    """Re-render a lease's GPU runtime against the host's current inputs (an addition)."""
+
+    request_id: RequestId
+    instance: InstanceName
+    verb = "render-runtime"
+
+
+Command = (
+    Admit
+    | ClaimWarm
+    | AuthorizeWarmDrain
+    | MarkCreated
+    | MarkWarmInjected
+    | MarkDeleting
+    | Release
+    | RenderRuntime
+)
+Input = (
+    HostSnapshot
+    | HostInventory
+    | Lifecycle
+    | Observation
+    | PoolConfig
+    | ClassConfig
+    | GpuProfileConfig
+    | GpuPolicyConfig
+    | Command
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One input as the fold sees it: its stream position, its time, its content."""
+
+    seq: int
+    timestamp: str  # the JetStream timestamp, RFC 3339 UTC
+    input: Input
+    subject: str = ""
+
+
+# ------------------------------------------------------------------ from payloads
+
+Payload = Mapping[str, Any]
+
+
+def _resources(d: Payload) -> Resources:
+    return Resources(int(d["cpu"]), int(d["memory_mib"]), int(d["disk_gib"]))
+
+
+def _gpu_request(d: Payload | None) -> GpuRequest | None:
+    if d is None:
+        return None
+    return GpuRequest(
+        count=int(d.get("count", 1)),
+        vendor=d.get("vendor"),
+        model=d.get("model"),
+        min_memory_mib=d.get("min_memory_mib"),
+    )
+
+
+def _claim(d: Payload) -> ClaimSpec:
+    params = d.get("parameters") or {}
+    return ClaimSpec(
+        name=d["name"], class_name=ClassName(d["class"]), gpu=_gpu_request(params.get("gpu"))
+    )
+
+
+def _snapshot(p: Payload) -> HostSnapshot:
+    return HostSnapshot(
+        host=HostName(p["host"]),
+        uid=p["uid"],
+        revision=p["revision"],
+        schedulable=p["schedulable"],
+        labels=dict(p.get("labels") or {}),
+        capacity=_resources(p["capacity"]),
+        reserve=_resources(p["reserve"]),
+        gpus=tuple(
+            Gpu(
+                index=g["index"],
+                vendor=g["vendor"],
+                model=g["model"],
+                memory_mib=g["memory_mib"],
+                pci_address=g["pci_address"],
+                numa_node=g["numa_node"],
+            )
+            for g in p.get("gpus") or ()
+        ),
+        gpu_profile=p.get("gpu_profile"),
+    )
+
+
+def _inventory(p: Payload) -> HostInventory:
+    return HostInventory(
+        host=HostName(p["host"]),
+        uid=p["uid"],
+        revision=p["revision"],
+        instances=tuple(
+            ObservedInstance(
+                name=InstanceName(i["name"]),
+                project=i.get("project", "default"),
+                status=i.get("status", ""),
+                status_code=i.get("status_code", 0),
+                type=i.get("type", "virtual-machine"),
+                config=dict(i.get("config") or {}),
+                resources=_resources(
+                    i.get("resources") or {"cpu": 0, "memory_mib": 0, "disk_gib": 0}
+                ),
+                gpus=tuple(i.get("gpus") or ()),
+            )
+            for i in p["instances"]
+        ),
+    )
+
+
+def _lifecycle(p: Payload) -> Lifecycle:
+    event = p["event"]
+    meta = event["metadata"]
+    name = meta.get("name")
+    source = meta.get("source", "")
+    if not name and source.startswith("/1.0/instances/"):
+        name = source.removeprefix("/1.0/instances/").split("?", 1)[0]
+    return Lifecycle(
+        host=HostName(p["host"]),
+        action=meta["action"],
+        instance=InstanceName(name) if name else None,
+        project=meta.get("project") or event.get("project") or "default",
+        timestamp=event.get("timestamp", ""),
+    )
+
+
+def _observation(p: Payload) -> Observation:
+    return Observation(
+        host=HostName(p["host"]),
+        instance=InstanceName(p["instance"]),
+        present=p["present"],
+        status=p.get("status"),
+        checked_revision=p["checked_revision"],
+    )
+
+
+def _pool(p: Payload) -> PoolConfig:
+    warm = p.get("warm") or {}
+    return PoolConfig(
+        pool=PoolName(p["pool"]),
+        flavor=_resources(p["flavor"]),
+        claims=tuple(_claim(c) for c in p.get("claims") or ()),
+        warm=WarmPolicy(
+            min_ready=warm.get("min_ready", 0),
+            max_ready=warm.get("max_ready", 0),
+            protect_min_ready=warm.get("protect_min_ready", False),
+        ),
+        max_instances=p["max_instances"],
+        priority=p.get("priority", 0),
+        host_selector=dict(p.get("host_selector") or {}),
+        placement=Placement(p.get("placement", "pack")),
+        image=p.get("image", ""),
+        profiles=tuple(p.get("profiles") or ()),
+        project=p.get("project", "default"),
+    )
+
+
+def _class(p: Payload) -> ClassConfig:
+    params = p.get("parameters") or {}
+    return ClassConfig(
+        name=ClassName(p["class"]),
+        gpu=_gpu_request(params.get("gpu")),
+        host_selector=dict(p.get("host_selector") or {}),
+    )
+
+
+def _gpu_profile(p: Payload) -> GpuProfileConfig:
+    d = p["defaults"]
+    return GpuProfileConfig(
+        name=p["name"],
+        revision=p["revision"],
+        defaults=GpuRuntime(
+            mig_mode=MigMode(d["mig_mode"]),
+            compute_mode=ComputeMode(d["compute_mode"]),
+            persistence=d["persistence"],
+            power_limit_w=d.get("power_limit_w"),
+            ecc=d["ecc"],
+        ),
+    )
+
+
+def _gpu_policy(p: Payload) -> GpuPolicyConfig:
+    s = p.get("selector") or {}
+    return GpuPolicyConfig(
+        name=p["name"],
+        priority=p["priority"],
+        selector=PolicySelector(
+            host_labels=dict(s["host_labels"]) if s.get("host_labels") is not None else None,
+            models=tuple(s["models"]) if s.get("models") is not None else None,
+            indexes=tuple(s["indexes"]) if s.get("indexes") is not None else None,
+        ),
+        overrides=dict(p.get("overrides") or {}),
+    )
+
+
+def _admit(p: Payload, *, preemptible: bool) -> Admit:
+    return Admit(
+        request_id=RequestId(p["request_id"]),
+        pool=PoolName(p["pool"]),
+        instance=InstanceName(p["instance"]),
+        kind=LeaseKind(p.get("kind", "cold")),
+        job=JobId(p["job"]) if p.get("job") is not None else None,
+        host=HostName(p["host"]) if p.get("host") is not None else None,
+        claims=tuple(_claim(c) for c in p.get("claims") or ()),
+        preemptible=preemptible,
+    )
+
+
+_BUILDERS: dict[str, Callable[[Payload], Input]] = {
+    "host.snapshot": _snapshot,
+    "host.inventory": _inventory,
+    "host.lifecycle": _lifecycle,
+    "host.observation": _observation,
+    "config.pool": _pool,
+    "config.class": _class,
+    "config.gpu-profile": _gpu_profile,
+    "config.gpu-policy": _gpu_policy,
+    "cmd.admit": lambda p: _admit(p, preemptible=False),
+    "cmd.admit-preemptible": lambda p: _admit(p, preemptible=True),
+    "cmd.claim-warm": lambda p: ClaimWarm(
+        RequestId(p["request_id"]), PoolName(p["pool"]), JobId(p["job"])
+    ),
+    "cmd.authorize-warm-drain": lambda p: AuthorizeWarmDrain(
+        RequestId(p["request_id"]), InstanceName(p["instance"])
+    ),
+    "cmd.mark-created": lambda p: MarkCreated(
+        RequestId(p["request_id"]), InstanceName(p["instance"])
+    ),
+    "cmd.mark-warm-injected": lambda p: MarkWarmInjected(
+        RequestId(p["request_id"]), InstanceName(p["instance"]), JobId(p["job"])
+    ),
+    "cmd.mark-deleting": lambda p: MarkDeleting(
+        RequestId(p["request_id"]), InstanceName(p["instance"])
+    ),
+    "cmd.release": lambda p: Release(RequestId(p["request_id"]), InstanceName(p["instance"])),
+    "cmd.render-runtime": lambda p: RenderRuntime(
+        RequestId(p["request_id"]), InstanceName(p["instance"])
+    ),
+}
+
+#: input kinds, as named by the subject after ``<prefix>.in.`` (host token removed)
+KINDS = tuple(_BUILDERS)
+
+# Which payload field must equal the subject's name token, per kind family.
+_SUBJECT_FIELD = {
+    "host": "host",
+    "config.pool": "pool",
+    "config.class": "class",
+    "config.gpu-profile": "name",
+    "config.gpu-policy": "name",
+}
+
+
+def from_payload(kind: str, payload: Payload, *, subject_token: str | None = None) -> Input:
+    """Build the typed input of ``kind`` from a schema-valid payload.
+
+    ``subject_token`` is the ``<host>``/``<pool>``/``<class>``/``<name>`` token of the
+    subject; it must equal the corresponding payload field.
+    """
+    builder = _BUILDERS.get(kind)
+    if builder is None:
+        raise DomainError(f"unknown input kind {kind!r}")
+    if subject_token is not None:
+        key = _SUBJECT_FIELD.get(kind.split(".", 1)[0] if kind.startswith("host.") else kind)
+        if key is not None and payload.get(key) != subject_token:
+            raise DomainError(
+                f"subject names {subject_token!r} but payload field {key!r} is {payload.get(key)!r}"
+            )
+    try:
+        built = builder(payload)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DomainError(f"{kind}: {type(exc).__name__}: {exc}") from exc
+    _check(built)
+    return built
+
+
+def _duplicates(values: list[Any]) -> list[Any]:
+    seen: set[Any] = set()
+    return sorted({v for v in values if v in seen or seen.add(v)})  # type: ignore[func-returns-value]
+
+
+def _check(built: Input) -> None:
+    """Domain checks a JSON Schema cannot state; they run before the fold sees it."""
+    if isinstance(built, HostSnapshot):
+        if dup := _duplicates([g.index for g in built.gpus]):
+            raise DomainError(f"snapshot of host {built.host!r} repeats GPU index {dup}")
+        if dup := _duplicates([g.pci_address for g in built.gpus]):
+            raise DomainError(f"snapshot of host {built.host!r} repeats PCI address {dup}")
+    elif isinstance(built, HostInventory):
+        if dup := _duplicates([(i.project, i.name) for i in built.instances]):
+            raise DomainError(f"inventory of host {built.host!r} repeats instance {dup}")
+    elif isinstance(built, Admit):
+        if dup := _duplicates([c.name for c in built.claims]):
+            raise DomainError(f"request {built.request_id!r} repeats claim name {dup}")
+        if built.preemptible and built.kind is not LeaseKind.COLD:
+            raise DomainError(f"request {built.request_id!r}: admit-preemptible is for cold VMs")

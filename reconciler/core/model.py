@@ -1,0 +1,326 @@
+"""The domain model: resources, hosts, GPUs, pools, classes, leases.
+
+Every entity is a frozen, slotted dataclass; changing one means building a new one
+(``dataclasses.replace``). Identifiers are ``NewType`` strings so that mypy keeps a
+host name from being passed where a lease id is expected.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import NewType
+
+HostName = NewType("HostName", str)
+PoolName = NewType("PoolName", str)
+ClassName = NewType("ClassName", str)
+LeaseId = NewType("LeaseId", str)
+InstanceName = NewType("InstanceName", str)
+JobId = NewType("JobId", str)
+RequestId = NewType("RequestId", str)
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """A quantity of the three scalar resources; never negative when it is a demand."""
+
+    cpu: int = 0
+    memory_mib: int = 0
+    disk_gib: int = 0
+
+    def __add__(self, other: Resources) -> Resources:
+        return Resources(
+            self.cpu + other.cpu,
+            self.memory_mib + other.memory_mib,
+            self.disk_gib + other.disk_gib,
+        )
+
+    def __sub__(self, other: Resources) -> Resources:
+        return Resources(
+            self.cpu - other.cpu,
+            self.memory_mib - other.memory_mib,
+            self.disk_gib - other.disk_gib,
+        )
+
+    def fits_in(self, room: Resources) -> bool:
+        """True when this demand fits in ``room`` in every dimension."""
+        return (
+            self.cpu <= room.cpu
+            and self.memory_mib <= room.memory_mib
+            and self.disk_gib <= room.disk_gib
+        )
+
+    def is_negative(self) -> bool:
+        return self.cpu < 0 or self.memory_mib < 0 or self.disk_gib < 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"cpu": self.cpu, "memory_mib": self.memory_mib, "disk_gib": self.disk_gib}
+
+
+ZERO = Resources()
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: int
+    vendor: str
+    model: str
+    memory_mib: int
+    pci_address: str
+    numa_node: int
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """What the latest accepted snapshot and inventory said about one Incus host."""
+
+    name: HostName
+    uid: str = ""
+    snapshot_revision: int = -1
+    inventory_revision: int = -1
+    #: input sequence of the latest accepted snapshot / inventory (launch gate)
+    snapshot_seq: int = 0
+    inventory_seq: int = 0
+    #: snapshot revision at which GPUs, labels or the GPU profile last changed
+    gpu_revision: int = -1
+    schedulable: bool = False
+    labels: dict[str, str] = field(default_factory=dict)
+    capacity: Resources = ZERO
+    reserve: Resources = ZERO
+    gpus: tuple[Gpu, ...] = ()
+    gpu_profile: str | None = None
+    #: instances in the latest inventory that carry none of our lease tags
+    foreign_demand: Resources = ZERO
+    foreign_pci: frozenset[str] = frozenset()
+    #: ``foreign_pci`` resolved against the latest snapshot's GPUs
+    foreign_gpus: frozenset[int] = frozenset()
+    foreign_instances: tuple[str, ...] = ()
+
+    @property
+    def allocatable(self) -> Resources:
+        return self.capacity - self.reserve
+
+    def gpu_by_pci(self) -> dict[str, Gpu]:
+        return {g.pci_address: g for g in self.gpus}
+
+
+class Placement(enum.StrEnum):
+    PACK = "pack"
+    SPREAD = "spread"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """The GPU part of a class's (or a merged claim's) parameters."""
+
+    count: int
+    vendor: str | None = None
+    model: str | None = None
+    min_memory_mib: int | None = None
+
+    def matches(self, gpu: Gpu) -> bool:
+        if self.vendor is not None and gpu.vendor != self.vendor:
+            return False
+        if self.model is not None and gpu.model != self.model:
+            return False
+        return self.min_memory_mib is None or gpu.memory_mib >= self.min_memory_mib
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSpec:
+    """A claim as written in a pool or a request: a class name and optional parameters."""
+
+    name: str
+    class_name: ClassName
+    gpu: GpuRequest | None = None  # the claim's own parameters, not yet merged
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceClass:
+    name: ClassName
+    gpu: GpuRequest | None = None
+    host_selector: dict[str, str] = field(default_factory=dict)
+    seq: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedClaim:
+    """A claim merged with its class: what placement actually has to satisfy."""
+
+    name: str
+    class_name: ClassName
+    gpu: GpuRequest | None
+    host_selector: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class WarmPolicy:
+    min_ready: int = 0
+    max_ready: int = 0
+    protect_min_ready: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    name: PoolName
+    flavor: Resources
+    claims: tuple[ClaimSpec, ...] = ()
+    warm: WarmPolicy = WarmPolicy()
+    max_instances: int = 0
+    priority: int = 0
+    host_selector: dict[str, str] = field(default_factory=dict)
+    placement: Placement = Placement.PACK
+    image: str = ""
+    profiles: tuple[str, ...] = ()
+    project: str = "default"
+    seq: int = 0
+
+
+class MigMode(enum.StrEnum):
+    DISABLED = "disabled"
+    ENABLED = "enabled"
+
+
+class ComputeMode(enum.StrEnum):
+    DEFAULT = "default"
+    EXCLUSIVE_PROCESS = "exclusive-process"
+    PROHIBITED = "prohibited"
+
+
+RUNTIME_FIELDS = ("mig_mode", "compute_mode", "persistence", "power_limit_w", "ecc")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRuntime:
+    mig_mode: MigMode = MigMode.DISABLED
+    compute_mode: ComputeMode = ComputeMode.DEFAULT
+    persistence: bool = False
+    power_limit_w: int | None = None
+    ecc: bool = False
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "mig_mode": self.mig_mode.value,
+            "compute_mode": self.compute_mode.value,
+            "persistence": self.persistence,
+            "power_limit_w": self.power_limit_w,
+            "ecc": self.ecc,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProfile:
+    name: str
+    revision: int
+    defaults: GpuRuntime
+    seq: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySelector:
+    host_labels: dict[str, str] | None = None
+    models: tuple[str, ...] | None = None
+    indexes: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPolicy:
+    name: str
+    priority: int
+    selector: PolicySelector
+    #: the fields it sets, in RUNTIME_FIELDS order, already validated
+    overrides: tuple[tuple[str, object], ...]
+    seq: int = 0
+
+
+class LeaseKind(enum.StrEnum):
+    COLD = "cold"
+    WARM = "warm"
+
+
+class LeaseState(enum.StrEnum):
+    RESERVED = "reserved"
+    CREATED = "created"
+    READY = "ready"
+    CLAIMED = "claimed"
+    INJECTED = "injected"
+    DRAINING = "draining"
+    VICTIM = "victim"
+    DELETING = "deleting"
+    RELEASED = "released"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One VM the journal admitted or adopted, and where it is in its life."""
+
+    lease_id: LeaseId
+    instance: InstanceName
+    host: HostName
+    host_uid: str
+    pool: PoolName
+    kind: LeaseKind
+    state: LeaseState
+    demand: Resources
+    gpus: tuple[int, ...] = ()
+    project: str = "default"
+    job: JobId | None = None
+    request_id: RequestId | None = None
+    admitted_seq: int = 0
+    #: input sequence at which it became ready (claim order: oldest first)
+    ready_seq: int = 0
+    adopted: bool = False
+    #: missing from an inventory; awaiting a live verification (revision that missed it)
+    suspect_revision: int | None = None
+    #: the pending cold request this lease was preempted for
+    victim_of: RequestId | None = None
+    #: set while a preemptible admission waits at the launch gate: the pending decision's seq
+    gate_seq: int | None = None
+    #: victims (lease ids) still to be released before the launch gate can open
+    awaiting_victims: tuple[LeaseId, ...] = ()
+    #: runtime inputs this lease's GPUs were rendered against
+    runtime_gpu_revision: int = -1
+    runtime_profile: str | None = None
+    runtime_profile_revision: int = -1
+
+    @property
+    def active(self) -> bool:
+        return self.state is not LeaseState.RELEASED
+
+    @property
+    def books_capacity(self) -> bool:
+        """Active and not promised away to a pending cold reservation."""
+        return self.state is not LeaseState.RELEASED and self.victim_of is None
+
+    @property
+    def gated(self) -> bool:
+        return self.gate_seq is not None
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "lease_id": self.lease_id,
+            "instance": self.instance,
+            "host": self.host,
+            "host_uid": self.host_uid,
+            "pool": self.pool,
+            "kind": self.kind.value,
+            "state": self.state.value,
+            "demand": self.demand.as_dict(),
+            "gpus": list(self.gpus),
+        }
+        if self.job is not None:
+            out["job"] = self.job
+        if self.gate_seq is not None:
+            out["awaiting_victims"] = list(self.awaiting_victims)
+        if self.suspect_revision is not None:
+            out["suspect"] = True
+        if self.adopted:
+            out["adopted"] = True
+        return out
+
+
+# Lease tags the executor writes on every instance it creates; inventory adopts on them.
+TAG_LEASE_ID = "user.rc.lease-id"
+TAG_POOL = "user.rc.pool"
+TAG_KIND = "user.rc.kind"
+TAG_JOB = "user.rc.job"

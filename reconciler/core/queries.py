@@ -1,0 +1,122 @@
+"""Read-only answers over the folded state (CONTRACT.md, "Queries").
+
+Each function returns the ``result`` of a reply or raises :class:`QueryError` with one
+of the contract's codes. The journal history of the ``lease`` query lives in the store,
+so the adapter adds it to :func:`lease`'s answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from reconciler.core.model import ClaimSpec, ClassName, GpuRequest, JobId, Lease, LeaseId, PoolName
+from reconciler.core.placement import ClaimError, merge_claims, resolve_claims, unsuitable_hosts
+from reconciler.core.runtime import effective_runtime, is_stale
+from reconciler.core.state import State
+
+
+class QueryError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _text(request: Mapping[str, Any], key: str) -> str:
+    value = request.get(key)
+    if not isinstance(value, str) or not value or len(value) > 256:
+        raise QueryError("invalid", f"{key!r} must be a non-empty string")
+    return value
+
+
+def find_lease(state: State, identifier: str) -> Lease:
+    """A job identity, provider id (instance name), lease id or instance name."""
+    lease_id = state.jobs.get(JobId(identifier))
+    if lease_id is None and LeaseId(identifier) in state.leases:
+        lease_id = LeaseId(identifier)
+    lease = state.leases.get(lease_id) if lease_id else state.lease_of_instance(identifier)
+    if lease is None:
+        raise QueryError("not-found", f"nothing is known as {identifier!r}")
+    return lease
+
+
+def resolve(state: State, request: Mapping[str, Any]) -> dict[str, Any]:
+    return {"instance": find_lease(state, _text(request, "identifier")).instance}
+
+
+def lease(state: State, request: Mapping[str, Any]) -> dict[str, Any]:
+    return find_lease(state, _text(request, "identifier")).as_dict()
+
+
+def assignments(state: State, request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    host, uid = _text(request, "host"), _text(request, "uid")
+    return [
+        le.as_dict()
+        for le in sorted(state.leases.values(), key=lambda le: le.lease_id)
+        if le.active and le.host == host and le.host_uid == uid
+    ]
+
+
+def runtime(state: State, request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    lease_id = LeaseId(_text(request, "lease_id"))
+    found = state.leases.get(lease_id)
+    if found is None or not found.active:
+        raise QueryError("not-found", f"no active lease {lease_id!r}")
+    if is_stale(state, found):
+        raise QueryError(
+            "stale-runtime-inputs",
+            f"lease {lease_id} was rendered against other GPU inputs or profile revision of "
+            f"host {found.host}; re-render it (cmd render-runtime)",
+        )
+    return effective_runtime(state, found)
+
+
+def _claims(raw: Any) -> list[ClaimSpec]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise QueryError("invalid", "'claims' must be a list")
+    out = []
+    for item in raw:
+        if (
+            not isinstance(item, dict)
+            or not isinstance(item.get("name"), str)
+            or not isinstance(item.get("class"), str)
+        ):
+            raise QueryError("invalid", "each claim needs string 'name' and 'class'")
+        gpu = (item.get("parameters") or {}).get("gpu")
+        request = None
+        if gpu is not None:
+            count = gpu.get("count", 1) if isinstance(gpu, dict) else None
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise QueryError("invalid", "claim parameters.gpu.count must be an integer ≥ 0")
+            request = GpuRequest(
+                count, gpu.get("vendor"), gpu.get("model"), gpu.get("min_memory_mib")
+            )
+        out.append(ClaimSpec(item["name"], ClassName(item["class"]), request))
+    return out
+
+
+def unsuitable(state: State, request: Mapping[str, Any]) -> dict[str, Any]:
+    pool = state.pools.get(PoolName(_text(request, "pool")))
+    if pool is None:
+        raise QueryError("not-found", f"no pool named {request.get('pool')!r}")
+    potential = request.get("potential_hosts")
+    if not isinstance(potential, list) or not all(isinstance(h, str) for h in potential):
+        raise QueryError("invalid", "'potential_hosts' must be a list of host names")
+    try:
+        claims = resolve_claims(state, merge_claims(pool, _claims(request.get("claims"))))
+    except ClaimError as exc:
+        raise QueryError("invalid", str(exc)) from exc
+    return {"unsuitable": unsuitable_hosts(state, pool, claims, potential)}
+
+
+#: query name -> function; ``health`` needs runtime facts and is answered by the adapter
+QUERIES: dict[str, Callable[[State, Mapping[str, Any]], Any]] = {
+    "resolve": resolve,
+    "lease": lease,
+    "assignments": assignments,
+    "effective-runtime": runtime,
+    "unsuitable-hosts": unsuitable,
+}

@@ -1,0 +1,223 @@
+"""The folded state and what one fold step produces.
+
+:class:`State` is the only mutable object of the core: a set of dictionaries of frozen
+entities plus a few derived indexes, changed only by :mod:`reconciler.core.fold`.
+Each step records what it touched in :class:`Effects`, so the store can write exactly
+the rows that changed, in the same transaction as the outbox and the position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reconciler.core.candidates import CandidateIndex
+from reconciler.core.model import (
+    ClassName,
+    GpuPolicy,
+    GpuProfile,
+    Host,
+    HostName,
+    InstanceName,
+    JobId,
+    Lease,
+    LeaseId,
+    LeaseKind,
+    LeaseState,
+    Pool,
+    PoolName,
+    RequestId,
+    ResourceClass,
+)
+
+#: warm states that count against a pool's max_ready
+WARM_UNCLAIMED = (LeaseState.RESERVED, LeaseState.CREATED, LeaseState.READY)
+
+
+def is_idle_ready(lease: Lease) -> bool:
+    """A warm VM that is booted, unclaimed and not in doubt: claimable, preemptible."""
+    return (
+        lease.kind is LeaseKind.WARM
+        and lease.state is LeaseState.READY
+        and lease.job is None
+        and lease.victim_of is None
+        and lease.suspect_revision is None
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """One message to publish after commit. ``subject`` has no prefix (``out.…``)."""
+
+    subject: str
+    msg_id: str | None
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One lease transition, appended to the journal with its cause."""
+
+    input_seq: int
+    lease_id: LeaseId
+    event: str
+    from_state: str | None
+    to_state: str
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    """The latest decision for a request id, kept for idempotent replies."""
+
+    request_id: RequestId
+    verb: str
+    phase: str
+    msg_id: str
+    payload: bytes
+    lease_id: LeaseId | None = None
+
+
+@dataclass(slots=True)
+class Effects:
+    """What one batch of fold steps did: outputs, journal rows, touched keys."""
+
+    outputs: list[Output] = field(default_factory=list)
+    transitions: list[Transition] = field(default_factory=list)
+    hosts: set[HostName] = field(default_factory=set)
+    pools: set[PoolName] = field(default_factory=set)
+    classes: set[ClassName] = field(default_factory=set)
+    profiles: set[str] = field(default_factory=set)
+    policies: set[str] = field(default_factory=set)
+    leases: set[LeaseId] = field(default_factory=set)
+    decisions: set[RequestId] = field(default_factory=set)
+    #: input kinds recorded but ignored (stale revisions, no-op events), for logs
+    notes: list[tuple[int, str]] = field(default_factory=list)
+
+    def extend(self, other: Effects) -> None:
+        self.outputs.extend(other.outputs)
+        self.transitions.extend(other.transitions)
+        self.hosts |= other.hosts
+        self.pools |= other.pools
+        self.classes |= other.classes
+        self.profiles |= other.profiles
+        self.policies |= other.policies
+        self.leases |= other.leases
+        self.decisions |= other.decisions
+        self.notes.extend(other.notes)
+
+
+@dataclass(slots=True)
+class State:
+    """Everything the fold knows. Derived indexes are rebuilt by :meth:`reindex`."""
+
+    applied_seq: int = 0
+    hosts: dict[HostName, Host] = field(default_factory=dict)
+    pools: dict[PoolName, Pool] = field(default_factory=dict)
+    classes: dict[ClassName, ResourceClass] = field(default_factory=dict)
+    profiles: dict[str, GpuProfile] = field(default_factory=dict)
+    policies: dict[str, GpuPolicy] = field(default_factory=dict)
+    leases: dict[LeaseId, Lease] = field(default_factory=dict)
+    decisions: dict[RequestId, DecisionRecord] = field(default_factory=dict)
+    #: job identity -> the lease it was bound to, forever
+    jobs: dict[JobId, LeaseId] = field(default_factory=dict)
+
+    # ---- derived (not persisted; rebuilt from the above by reindex) ----
+    #: instance -> its latest lease
+    by_instance: dict[InstanceName, LeaseId] = field(default_factory=dict)
+    #: host -> lease ids of active leases there
+    on_host: dict[HostName, set[LeaseId]] = field(default_factory=dict)
+    #: pool -> lease ids of active leases of the pool
+    in_pool: dict[PoolName, set[LeaseId]] = field(default_factory=dict)
+    #: host -> [cpu, memory_mib, disk_gib] booked by leases (foreign instances apart)
+    booked: dict[HostName, list[int]] = field(default_factory=dict)
+    #: host -> GPU index -> how many capacity-booking leases hold it (1 unless broken)
+    gpus_held: dict[HostName, dict[int, int]] = field(default_factory=dict)
+    #: pool -> capacity-booking leases / unclaimed warm leases (for max_instances, max_ready)
+    pool_booking: dict[PoolName, int] = field(default_factory=dict)
+    pool_warm_unclaimed: dict[PoolName, int] = field(default_factory=dict)
+    #: pool -> lease ids of ready, unclaimed, unsuspected warm leases (claim and victim pool)
+    pool_ready: dict[PoolName, set[LeaseId]] = field(default_factory=dict)
+    #: host names in order (placement's iteration order), rebuilt when a host appears
+    host_order: list[HostName] = field(default_factory=list)
+    #: which hosts fit which request shapes, kept up to date from a log of host changes
+    candidates: CandidateIndex = field(default_factory=CandidateIndex)
+
+    def reindex(self) -> None:
+        self.by_instance = {}
+        self.on_host = {}
+        self.in_pool = {}
+        self.booked = {}
+        self.gpus_held = {}
+        self.pool_booking = {}
+        self.pool_warm_unclaimed = {}
+        self.pool_ready = {}
+        self.host_order = sorted(self.hosts)
+        self.candidates = CandidateIndex()
+        for lease in sorted(self.leases.values(), key=lambda le: (le.admitted_seq, le.lease_id)):
+            self.by_instance[lease.instance] = lease.lease_id
+            self._count(lease, +1)
+
+    def put_host(self, host: Host) -> None:
+        if host.name not in self.hosts:
+            self.host_order = sorted([*self.host_order, host.name])
+        self.hosts[host.name] = host
+        self.candidates.touch(host.name)
+
+    def _count(self, lease: Lease, sign: int) -> None:
+        """Add (+1) or remove (-1) a lease's contribution to the derived indexes."""
+        if not lease.active:
+            return
+        lid = lease.lease_id
+        self.candidates.touch(lease.host)
+        if sign > 0:
+            self.on_host.setdefault(lease.host, set()).add(lid)
+            self.in_pool.setdefault(lease.pool, set()).add(lid)
+        else:
+            self.on_host[lease.host].discard(lid)
+            self.in_pool[lease.pool].discard(lid)
+        if lease.victim_of is None:
+            row = self.booked.setdefault(lease.host, [0, 0, 0])
+            d = lease.demand
+            row[0] += sign * d.cpu
+            row[1] += sign * d.memory_mib
+            row[2] += sign * d.disk_gib
+            if lease.gpus:
+                held = self.gpus_held.setdefault(lease.host, {})
+                for ix in lease.gpus:
+                    n = held.get(ix, 0) + sign
+                    if n:
+                        held[ix] = n
+                    else:
+                        held.pop(ix, None)
+            self.pool_booking[lease.pool] = self.pool_booking.get(lease.pool, 0) + sign
+            if lease.kind is LeaseKind.WARM and lease.state in WARM_UNCLAIMED:
+                self.pool_warm_unclaimed[lease.pool] = (
+                    self.pool_warm_unclaimed.get(lease.pool, 0) + sign
+                )
+            if is_idle_ready(lease):
+                ready = self.pool_ready.setdefault(lease.pool, set())
+                if sign > 0:
+                    ready.add(lid)
+                else:
+                    ready.discard(lid)
+
+    def put_lease(self, lease: Lease) -> None:
+        """Store a lease and keep the derived indexes in step."""
+        old = self.leases.get(lease.lease_id)
+        if old is not None:
+            self._count(old, -1)
+        self.leases[lease.lease_id] = lease
+        if old is None:
+            self.by_instance[lease.instance] = lease.lease_id
+        self._count(lease, +1)
+
+    def lease_of_instance(self, instance: str) -> Lease | None:
+        lease_id = self.by_instance.get(InstanceName(instance))
+        return self.leases.get(lease_id) if lease_id is not None else None
+
+    def active_on_host(self, host: HostName) -> list[Lease]:
+        ids = self.on_host.get(host, ())
+        return [self.leases[i] for i in sorted(ids)]
+
+    def active_in_pool(self, pool: PoolName) -> list[Lease]:
+        ids = self.in_pool.get(pool, ())
+        return [self.leases[i] for i in sorted(ids)]
