@@ -1,0 +1,135 @@
+"""Connecting to NATS: one place for credentials, TLS, reconnection and connection logs.
+
+Rules:
+
+- A connection reconnects forever (``max_reconnect_attempts=-1``), waiting
+  ``reconnect_wait_s`` between attempts to the same server. The *initial* connect retries
+  the same way, so a daemon started before its NATS server waits for it; pass
+  ``initial_timeout_s`` to give up instead (``TimeoutError``).
+- Disconnects, reconnects, errors and the final close are logged through structlog; the
+  client never prints.
+- ``tls_ca_file`` makes a TLS context that verifies the server against that CA; without
+  it, a ``tls://`` URL uses the system's trust store.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import ssl
+from dataclasses import dataclass
+from typing import cast
+
+import anyio
+import structlog
+from nats.aio.client import Client
+
+__all__ = ["DEFAULT_NATS_URL", "ConnectOptions", "connect", "parse_urls"]
+
+logger = structlog.get_logger(__name__)
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+
+def parse_urls(value: str) -> tuple[str, ...]:
+    """Split a ``--nats-url`` value: one URL, or several separated by commas or spaces."""
+    urls = tuple(part for part in re.split(r"[,\s]+", value) if part)
+    if not urls:
+        raise ValueError("no NATS URL given")
+    return urls
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectOptions:
+    """How to reach NATS; mirrors the common command-line options of CONTRACT.md."""
+
+    urls: tuple[str, ...] = (DEFAULT_NATS_URL,)
+    creds_file: str | None = None
+    user: str | None = None
+    password: str | None = None
+    tls_ca_file: str | None = None
+    name: str | None = None
+    reconnect_wait_s: float = 2.0
+    connect_timeout_s: float = 2.0
+    ping_interval_s: float = 20.0
+    initial_timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.urls, str):  # a forgiving constructor: urls="nats://a,nats://b"
+            object.__setattr__(self, "urls", parse_urls(self.urls))
+        if not self.urls:
+            raise ValueError("ConnectOptions.urls is empty")
+        if self.password is not None and self.user is None:
+            raise ValueError("a NATS password needs a user")
+
+    @classmethod
+    def from_url(cls, url: str, **options: object) -> ConnectOptions:
+        """Options for ``url`` (commas allowed), other fields as keywords."""
+        return cls(urls=parse_urls(url), **options)  # type: ignore[arg-type]
+
+
+def tls_context(ca_file: str) -> ssl.SSLContext:
+    """A client context that verifies the server certificate against ``ca_file``."""
+    return ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+
+
+async def connect(opts: ConnectOptions) -> Client:
+    """Connect to NATS with ``opts``; the returned client reconnects forever."""
+    if opts.creds_file is not None and importlib.util.find_spec("nkeys") is None:
+        raise RuntimeError("--nats-creds needs the nkeys package (pip install 'nats-py[nkeys]')")
+    log = logger.bind(connection=opts.name)
+    nc = Client()
+
+    async def on_disconnected() -> None:
+        log.warning("nats.disconnected")
+
+    async def on_reconnected() -> None:
+        log.info("nats.reconnected", server=_server(nc))
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats.error", error=str(exc) or type(exc).__name__, type=type(exc).__name__)
+
+    async def on_closed() -> None:
+        log.info("nats.closed")
+
+    # nats-py annotates these durations as int; it uses them as float seconds.
+    reconnect_wait = cast(int, opts.reconnect_wait_s)
+    connect_timeout = cast(int, opts.connect_timeout_s)
+    ping_interval = cast(int, opts.ping_interval_s)
+    attempt = nc.connect(
+        servers=list(opts.urls),
+        name=opts.name,
+        error_cb=on_error,
+        disconnected_cb=on_disconnected,
+        reconnected_cb=on_reconnected,
+        closed_cb=on_closed,
+        allow_reconnect=True,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=reconnect_wait,
+        connect_timeout=connect_timeout,
+        ping_interval=ping_interval,
+        user=opts.user,
+        password=opts.password,
+        user_credentials=opts.creds_file,
+        tls=tls_context(opts.tls_ca_file) if opts.tls_ca_file else None,
+    )
+    if opts.initial_timeout_s is None:
+        await attempt
+    else:
+        try:
+            with anyio.fail_after(opts.initial_timeout_s):
+                await attempt
+        except TimeoutError:
+            with anyio.CancelScope(shield=True):
+                await nc.close()
+            raise TimeoutError(
+                f"no NATS server reachable at {', '.join(opts.urls)} "
+                f"within {opts.initial_timeout_s} s"
+            ) from None
+    log.info("nats.connected", server=_server(nc))
+    return nc
+
+
+def _server(nc: Client) -> str | None:
+    url = nc.connected_url
+    return None if url is None else f"{url.scheme}://{url.hostname}:{url.port}"

@@ -1,0 +1,53 @@
+"""Shared pytest configuration and fixtures.
+
+Keep this file generic: NATS server fixtures and test-wide settings only. Fixtures for one
+area belong in that area's test module or a helper module beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+from nats.aio.client import Client
+
+from tests.natsserver import NatsServer, start_nats_server
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A fresh nats-server with JetStream for this test (or ``RC_TEST_NATS_URL``'s).
+
+    ``kill()``, ``stop()``, ``start()``, ``restart()``, ``pause()``, ``resume()`` inject
+    faults; they skip the test when the server cannot be controlled. ``.url`` survives
+    restarts.
+    """
+    workdir = tmp_path / "nats"
+    workdir.mkdir()
+    with start_nats_server(workdir) as server:
+        yield server
+
+
+@pytest.fixture
+def nats_url(nats_server: NatsServer) -> str:
+    """The client URL of this test's NATS server."""
+    return nats_server.url
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[Client]:
+    """A nats-py client connected to this test's server, reconnecting fast, closed after."""
+    client = await nats.connect(
+        nats_url,
+        name="pytest",
+        connect_timeout=2,
+        reconnect_time_wait=0.1,  # seconds; float works
+        max_reconnect_attempts=-1,
+        allow_reconnect=True,
+    )
+    try:
+        yield client
+    finally:
+        await client.close()
