@@ -21,9 +21,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reconciler.core.fold import fold  # noqa: E402
-from reconciler.core.inputs import Message, from_payload  # noqa: E402
-from reconciler.core.state import Effects, State  # noqa: E402
+from reconciler.core.fold import fold
+from reconciler.core.inputs import Message, from_payload
+from reconciler.core.state import Effects, State
 
 
 def _res(cpu: int, mem: int, disk: int) -> dict[str, int]:
@@ -37,16 +37,38 @@ def workload(n: int, hosts: int, seed: int) -> list[tuple[str, dict[str, Any]]]:
     revision = dict.fromkeys(host_names, 0)
     for h in host_names:
         revision[h] += 1
-        items.append(("host.snapshot", {
-            "v": 1, "host": h, "uid": f"u-{h}", "revision": revision[h], "schedulable": True,
-            "labels": {"zone": "a"}, "capacity": _res(64, 262144, 2000), "reserve": _res(2, 4096, 50),
-            "gpus": [], }))
+        items.append(
+            (
+                "host.snapshot",
+                {
+                    "v": 1,
+                    "host": h,
+                    "uid": f"u-{h}",
+                    "revision": revision[h],
+                    "schedulable": True,
+                    "labels": {"zone": "a"},
+                    "capacity": _res(64, 262144, 2000),
+                    "reserve": _res(2, 4096, 50),
+                    "gpus": [],
+                },
+            )
+        )
     for pool, warm in (("cold-small", 0), ("warm-small", 4)):
-        items.append(("config.pool", {
-            "v": 1, "pool": pool, "flavor": _res(2, 4096, 20), "claims": [],
-            "warm": {"min_ready": warm, "max_ready": warm * 50, "protect_min_ready": False},
-            "max_instances": 100000, "priority": warm, "image": "ubuntu/24.04",
-        }))
+        items.append(
+            (
+                "config.pool",
+                {
+                    "v": 1,
+                    "pool": pool,
+                    "flavor": _res(2, 4096, 20),
+                    "claims": [],
+                    "warm": {"min_ready": warm, "max_ready": warm * 50, "protect_min_ready": False},
+                    "max_instances": 100000,
+                    "priority": warm,
+                    "image": "ubuntu/24.04",
+                },
+            )
+        )
     live: list[str] = []
     warm_live: list[str] = []
     counter = 0
@@ -59,8 +81,18 @@ def workload(n: int, hosts: int, seed: int) -> list[tuple[str, dict[str, Any]]]:
             kind = "warm" if roll < 0.12 else "cold"
             verb = "cmd.admit-preemptible" if roll > 0.30 else "cmd.admit"
             pool = "warm-small" if kind == "warm" else "cold-small"
-            items.append((verb, {"v": 1, "request_id": rid, "pool": pool, "instance": name,
-                                 "kind": "cold" if verb.endswith("preemptible") else kind}))
+            items.append(
+                (
+                    verb,
+                    {
+                        "v": 1,
+                        "request_id": rid,
+                        "pool": pool,
+                        "instance": name,
+                        "kind": "cold" if verb.endswith("preemptible") else kind,
+                    },
+                )
+            )
             (warm_live if kind == "warm" and verb == "cmd.admit" else live).append(name)
         elif roll < 0.55:
             name = rnd.choice(live)
@@ -68,24 +100,55 @@ def workload(n: int, hosts: int, seed: int) -> list[tuple[str, dict[str, Any]]]:
         elif roll < 0.65 and warm_live:
             name = warm_live.pop(0)
             h = "host-0000"
-            items.append(("host.lifecycle", {"v": 1, "host": h, "event": {
-                "type": "lifecycle", "timestamp": "2026-12-02T10:00:00Z",
-                "metadata": {"action": "instance-ready", "source": f"/1.0/instances/{name}",
-                             "name": name, "project": "default"}}}))
+            items.append(
+                (
+                    "host.lifecycle",
+                    {
+                        "v": 1,
+                        "host": h,
+                        "event": {
+                            "type": "lifecycle",
+                            "timestamp": "2026-12-02T10:00:00Z",
+                            "metadata": {
+                                "action": "instance-ready",
+                                "source": f"/1.0/instances/{name}",
+                                "name": name,
+                                "project": "default",
+                            },
+                        },
+                    },
+                )
+            )
             live.append(name)
         elif roll < 0.72:
-            items.append(("cmd.claim-warm", {"v": 1, "request_id": rid, "pool": "warm-small",
-                                             "job": f"job-{counter}"}))
+            items.append(
+                (
+                    "cmd.claim-warm",
+                    {"v": 1, "request_id": rid, "pool": "warm-small", "job": f"job-{counter}"},
+                )
+            )
         elif roll < 0.90:
             name = live.pop(rnd.randrange(len(live)))
             items.append(("cmd.release", {"v": 1, "request_id": rid, "instance": name}))
         else:
             h = rnd.choice(host_names)
             revision[h] += 1
-            items.append(("host.snapshot", {
-                "v": 1, "host": h, "uid": f"u-{h}", "revision": revision[h], "schedulable": True,
-                "labels": {"zone": "a"}, "capacity": _res(64, 262144, 2000),
-                "reserve": _res(2, 4096, 50), "gpus": []}))
+            items.append(
+                (
+                    "host.snapshot",
+                    {
+                        "v": 1,
+                        "host": h,
+                        "uid": f"u-{h}",
+                        "revision": revision[h],
+                        "schedulable": True,
+                        "labels": {"zone": "a"},
+                        "capacity": _res(64, 262144, 2000),
+                        "reserve": _res(2, 4096, 50),
+                        "gpus": [],
+                    },
+                )
+            )
     return items[:n]
 
 
@@ -109,15 +172,19 @@ def main() -> None:
             fold(state, msg, fx)
         outputs += len(fx.outputs)
     elapsed = time.perf_counter() - start
-    print(orjson.dumps({
-        "bench": "core-fold",
-        "inputs": len(messages),
-        "hosts": args.hosts,
-        "seconds": round(elapsed, 3),
-        "fold_inputs_per_s": round(len(messages) / elapsed),
-        "outputs": outputs,
-        "leases": len(state.leases),
-    }).decode())
+    print(
+        orjson.dumps(
+            {
+                "bench": "core-fold",
+                "inputs": len(messages),
+                "hosts": args.hosts,
+                "seconds": round(elapsed, 3),
+                "fold_inputs_per_s": round(len(messages) / elapsed),
+                "outputs": outputs,
+                "leases": len(state.leases),
+            }
+        ).decode()
+    )
 
 
 if __name__ == "__main__":

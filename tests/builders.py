@@ -20,8 +20,14 @@ def res(cpu: int, memory_mib: int = 0, disk_gib: int = 0) -> dict[str, int]:
     return {"cpu": cpu, "memory_mib": memory_mib, "disk_gib": disk_gib}
 
 
-def gpu(index: int, *, model: str = "A100", vendor: str = "nvidia", numa: int = 0,
-        memory_mib: int = 40960) -> dict[str, Any]:
+def gpu(
+    index: int,
+    *,
+    model: str = "A100",
+    vendor: str = "nvidia",
+    numa: int = 0,
+    memory_mib: int = 40960,
+) -> dict[str, Any]:
     return {
         "index": index,
         "vendor": vendor,
@@ -32,11 +38,20 @@ def gpu(index: int, *, model: str = "A100", vendor: str = "nvidia", numa: int = 
     }
 
 
-def snapshot(host: str, *, revision: int = 1, cpu: int = 16, memory_mib: int = 65536,
-             disk_gib: int = 500, reserve: dict[str, int] | None = None,
-             gpus: list[dict[str, Any]] | None = None, labels: dict[str, str] | None = None,
-             schedulable: bool = True, uid: str | None = None,
-             gpu_profile: str | None = None) -> tuple[str, dict[str, Any]]:
+def snapshot(
+    host: str,
+    *,
+    revision: int = 1,
+    cpu: int = 16,
+    memory_mib: int = 65536,
+    disk_gib: int = 500,
+    reserve: dict[str, int] | None = None,
+    gpus: list[dict[str, Any]] | None = None,
+    labels: dict[str, str] | None = None,
+    schedulable: bool = True,
+    uid: str | None = None,
+    gpu_profile: str | None = None,
+) -> tuple[str, dict[str, Any]]:
     payload: dict[str, Any] = {
         "v": 1,
         "host": host,
@@ -53,9 +68,18 @@ def snapshot(host: str, *, revision: int = 1, cpu: int = 16, memory_mib: int = 6
     return "host.snapshot", payload
 
 
-def instance(name: str, *, cpu: int = 2, memory_mib: int = 4096, disk_gib: int = 20,
-             status: str = "Running", status_code: int = 103, project: str = "default",
-             config: dict[str, str] | None = None, gpus: list[str] | None = None) -> dict[str, Any]:
+def instance(
+    name: str,
+    *,
+    cpu: int = 2,
+    memory_mib: int = 4096,
+    disk_gib: int = 20,
+    status: str = "Running",
+    status_code: int = 103,
+    project: str = "default",
+    config: dict[str, str] | None = None,
+    gpus: list[str] | None = None,
+) -> dict[str, Any]:
     return {
         "name": name,
         "project": project,
@@ -68,15 +92,21 @@ def instance(name: str, *, cpu: int = 2, memory_mib: int = 4096, disk_gib: int =
     }
 
 
-def inventory(host: str, instances: list[dict[str, Any]], *, revision: int = 1,
-              uid: str | None = None) -> tuple[str, dict[str, Any]]:
+def inventory(
+    host: str, instances: list[dict[str, Any]], *, revision: int = 1, uid: str | None = None
+) -> tuple[str, dict[str, Any]]:
     return "host.inventory", {
-        "v": 1, "host": host, "uid": uid or f"uid-{host}", "revision": revision,
+        "v": 1,
+        "host": host,
+        "uid": uid or f"uid-{host}",
+        "revision": revision,
         "instances": instances,
     }
 
 
-def lifecycle(host: str, action: str, name: str, *, project: str = "default") -> tuple[str, dict[str, Any]]:
+def lifecycle(
+    host: str, action: str, name: str, *, project: str = "default"
+) -> tuple[str, dict[str, Any]]:
     return "host.lifecycle", {
         "v": 1,
         "host": host,
@@ -95,25 +125,44 @@ def lifecycle(host: str, action: str, name: str, *, project: str = "default") ->
     }
 
 
-def observation(host: str, name: str, *, present: bool, checked_revision: int = 1) -> tuple[str, dict[str, Any]]:
+def observation(
+    host: str, name: str, *, present: bool, checked_revision: int = 1
+) -> tuple[str, dict[str, Any]]:
     return "host.observation", {
-        "v": 1, "host": host, "instance": name, "present": present,
+        "v": 1,
+        "host": host,
+        "instance": name,
+        "present": present,
         "checked_revision": checked_revision,
     }
 
 
-def pool(name: str, *, cpu: int = 2, memory_mib: int = 4096, disk_gib: int = 20,
-         min_ready: int = 0, max_ready: int = 0, protect_min_ready: bool = False,
-         max_instances: int = 100, priority: int = 0, placement: str = "pack",
-         host_selector: dict[str, str] | None = None,
-         claims: list[dict[str, Any]] | None = None, project: str = "default") -> tuple[str, dict[str, Any]]:
+def pool(
+    name: str,
+    *,
+    cpu: int = 2,
+    memory_mib: int = 4096,
+    disk_gib: int = 20,
+    min_ready: int = 0,
+    max_ready: int = 0,
+    protect_min_ready: bool = False,
+    max_instances: int = 100,
+    priority: int = 0,
+    placement: str = "pack",
+    host_selector: dict[str, str] | None = None,
+    claims: list[dict[str, Any]] | None = None,
+    project: str = "default",
+) -> tuple[str, dict[str, Any]]:
     return "config.pool", {
         "v": 1,
         "pool": name,
         "flavor": res(cpu, memory_mib, disk_gib),
         "claims": claims or [],
-        "warm": {"min_ready": min_ready, "max_ready": max_ready,
-                 "protect_min_ready": protect_min_ready},
+        "warm": {
+            "min_ready": min_ready,
+            "max_ready": max_ready,
+            "protect_min_ready": protect_min_ready,
+        },
         "max_instances": max_instances,
         "priority": priority,
         "host_selector": host_selector or {},
@@ -124,9 +173,15 @@ def pool(name: str, *, cpu: int = 2, memory_mib: int = 4096, disk_gib: int = 20,
     }
 
 
-def gpu_class(name: str, *, count: int = 1, model: str | None = None,
-              vendor: str | None = None, min_memory_mib: int | None = None,
-              host_selector: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
+def gpu_class(
+    name: str,
+    *,
+    count: int = 1,
+    model: str | None = None,
+    vendor: str | None = None,
+    min_memory_mib: int | None = None,
+    host_selector: dict[str, str] | None = None,
+) -> tuple[str, dict[str, Any]]:
     params: dict[str, Any] = {"count": count}
     if model is not None:
         params["model"] = model
@@ -140,19 +195,39 @@ def gpu_class(name: str, *, count: int = 1, model: str | None = None,
     return "config.class", payload
 
 
-def gpu_profile(name: str, *, revision: int = 1, mig_mode: str = "disabled",
-                compute_mode: str = "default", persistence: bool = False,
-                power_limit_w: int | None = None, ecc: bool = False) -> tuple[str, dict[str, Any]]:
+def gpu_profile(
+    name: str,
+    *,
+    revision: int = 1,
+    mig_mode: str = "disabled",
+    compute_mode: str = "default",
+    persistence: bool = False,
+    power_limit_w: int | None = None,
+    ecc: bool = False,
+) -> tuple[str, dict[str, Any]]:
     return "config.gpu-profile", {
-        "v": 1, "name": name, "revision": revision,
-        "defaults": {"mig_mode": mig_mode, "compute_mode": compute_mode,
-                     "persistence": persistence, "power_limit_w": power_limit_w, "ecc": ecc},
+        "v": 1,
+        "name": name,
+        "revision": revision,
+        "defaults": {
+            "mig_mode": mig_mode,
+            "compute_mode": compute_mode,
+            "persistence": persistence,
+            "power_limit_w": power_limit_w,
+            "ecc": ecc,
+        },
     }
 
 
-def gpu_policy(name: str, *, priority: int = 0, overrides: dict[str, Any],
-               host_labels: dict[str, str] | None = None, models: list[str] | None = None,
-               indexes: list[int] | None = None) -> tuple[str, dict[str, Any]]:
+def gpu_policy(
+    name: str,
+    *,
+    priority: int = 0,
+    overrides: dict[str, Any],
+    host_labels: dict[str, str] | None = None,
+    models: list[str] | None = None,
+    indexes: list[int] | None = None,
+) -> tuple[str, dict[str, Any]]:
     selector: dict[str, Any] = {}
     if host_labels is not None:
         selector["host_labels"] = host_labels
@@ -161,7 +236,11 @@ def gpu_policy(name: str, *, priority: int = 0, overrides: dict[str, Any],
     if indexes is not None:
         selector["indexes"] = indexes
     return "config.gpu-policy", {
-        "v": 1, "name": name, "priority": priority, "selector": selector, "overrides": overrides,
+        "v": 1,
+        "name": name,
+        "priority": priority,
+        "selector": selector,
+        "overrides": overrides,
     }
 
 
@@ -169,16 +248,26 @@ def cmd(verb: str, request_id: str, **fields: Any) -> tuple[str, dict[str, Any]]
     return f"cmd.{verb}", {"v": 1, "request_id": request_id, **fields}
 
 
-def admit(request_id: str, pool_name: str, name: str, *, kind: str = "cold",
-          preemptible: bool = False, **fields: Any) -> tuple[str, dict[str, Any]]:
+def admit(
+    request_id: str,
+    pool_name: str,
+    name: str,
+    *,
+    kind: str = "cold",
+    preemptible: bool = False,
+    **fields: Any,
+) -> tuple[str, dict[str, Any]]:
     verb = "admit-preemptible" if preemptible else "admit"
     return cmd(verb, request_id, pool=pool_name, instance=name, kind=kind, **fields)
 
 
 def message(seq: int, item: tuple[str, dict[str, Any]]) -> Message:
     kind, payload = item
-    return Message(seq=seq, timestamp=f"2026-12-02T10:{seq // 60 % 60:02d}:{seq % 60:02d}Z",
-                   input=from_payload(kind, payload))
+    return Message(
+        seq=seq,
+        timestamp=f"2026-12-02T10:{seq // 60 % 60:02d}:{seq % 60:02d}Z",
+        input=from_payload(kind, payload),
+    )
 
 
 class Fleet:
