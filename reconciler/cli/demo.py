@@ -22,7 +22,7 @@ from reconciler.bus.codec import BadInput, decode
 from reconciler.core.fold import fold
 from reconciler.core.inputs import Message
 from reconciler.core.state import Effects, State
-from reconciler.store.journal import Store
+from reconciler.store.sqlite import Store
 
 
 def _res(cpu: int, mem: int, disk: int) -> dict[str, int]:

@@ -189,18 +189,27 @@ class _Step:
             Transition(self.seq, lease.lease_id, event, None, lease.state.value)
         )
 
-    def exec_delete(self, lease: Lease, reason: str) -> None:
+    def exec_delete(
+        self,
+        lease: Lease,
+        reason: str,
+        *,
+        host: HostName | None = None,
+        project: str | None = None,
+    ) -> None:
+        """Ask the executor to delete the lease's VM (an orphan: where it was seen)."""
+        where = host or lease.host
         command_id = f"delete:{lease.lease_id}:{reason}"
         payload = {
             "v": 1,
             "command_id": command_id,
-            "host": lease.host,
+            "host": where,
             "instance": lease.instance,
-            "project": lease.project,
+            "project": project or lease.project,
             "lease_id": lease.lease_id,
             "reason": reason,
         }
-        self.fx.outputs.append(Output(f"out.exec.{lease.host}.delete", command_id, encode(payload)))
+        self.fx.outputs.append(Output(f"out.exec.{where}.delete", command_id, encode(payload)))
 
     def exec_create(self, lease: Lease, pool: Pool, host: Host) -> None:
         command_id = f"create:{lease.lease_id}"
@@ -245,6 +254,8 @@ class _Step:
             suspect_revision=None,
             gate_seq=None,
             awaiting_victims=(),
+            held=Resources(),
+            held_gpus=(),
         )
         if released.victim_of is not None:
             self._victim_gone(released)
@@ -255,12 +266,29 @@ class _Step:
         if pending is None or not pending.gated:
             return
         remaining = tuple(v for v in pending.awaiting_victims if v != victim.lease_id)
-        pending = self.move(pending, pending.state, "victim-released", awaiting_victims=remaining)
+        held, held_gpus = self._held_by(remaining)
+        pending = self.move(
+            pending,
+            pending.state,
+            "victim-released",
+            awaiting_victims=remaining,
+            held=held,
+            held_gpus=held_gpus,
+        )
         if pending.state is LeaseState.DELETING:
             if not remaining:
                 self.release(pending, "victims-released")
             return
         self.check_gates(pending.host)
+
+    def _held_by(self, victims: Iterable[LeaseId]) -> tuple[Resources, tuple[int, ...]]:
+        total = Resources()
+        gpus: set[int] = set()
+        for lease_id in victims:
+            victim = self.state.leases[lease_id]
+            total = total + victim.demand
+            gpus.update(victim.gpus)
+        return total, tuple(sorted(gpus))
 
     def check_gates(self, host_name: HostName) -> None:
         """Open every launch gate on the host whose victims are gone and whose fit a
@@ -317,7 +345,18 @@ class _Step:
         )
         self.state.put_host(host)
         self.fx.hosts.add(snap.host)
+        if base.gpus != host.gpus:
+            self._resolve_adopted_gpus(host)
         self.check_gates(snap.host)
+
+    def _resolve_adopted_gpus(self, host: Host) -> None:
+        """Adopted VMs name their GPUs by PCI address: map them to this snapshot's."""
+        by_pci = host.gpu_by_pci()
+        for lease in self.state.active_on_host(host.name):
+            if lease.gpu_pci:
+                gpus = tuple(sorted(by_pci[a].index for a in lease.gpu_pci if a in by_pci))
+                if gpus != lease.gpus:
+                    self.move(lease, lease.state, "gpus-resolved", gpus=gpus)
 
     def on_inventory(self, inv: ev.HostInventory) -> None:
         old = self.state.hosts.get(inv.host)
@@ -348,7 +387,7 @@ class _Step:
                     seen.add(self._adopt(inv, inst, adopted_id, pci))
                     continue
                 if known is not None and not known.active and known.instance == inst.name:
-                    self.exec_delete(known, "orphan")
+                    self.exec_delete(known, "orphan", host=inv.host, project=inst.project)
                     self.note(f"{inst.name} on {inv.host} carries released lease {tagged}")
             foreign = foreign + inst.resources
             foreign_pci.update(inst.gpus)
@@ -409,8 +448,9 @@ class _Step:
             state=state,
             demand=inst.resources,
             gpus=tuple(sorted(pci[a].index for a in inst.gpus if a in pci)),
+            gpu_pci=tuple(sorted(inst.gpus)),
             project=inst.project,
-            job=JobId(job) if job else None,
+            job=JobId(job) if job and JobId(job) not in self.state.jobs else None,
             admitted_seq=self.seq,
             ready_seq=self.seq if state is LeaseState.READY else 0,
             adopted=True,
@@ -419,7 +459,7 @@ class _Step:
             runtime_profile_revision=basis[2],
         )
         self.create(lease, "adopted")
-        if lease.job is not None and lease.job not in self.state.jobs:
+        if lease.job is not None:
             self.state.jobs[lease.job] = lease_id
         self.note(f"adopted {inst.name} on {inv.host} as {lease_id} ({state.value})")
         return lease_id
@@ -573,6 +613,16 @@ class _Step:
                 detail=f"{cmd.instance!r} already holds lease {existing.lease_id}",
             )
             return
+        bound = self.state.jobs.get(cmd.job) if cmd.job is not None else None
+        if bound is not None:
+            self.decide(
+                cmd.request_id,
+                verb,
+                "rejected",
+                reason="already-claimed",
+                detail=f"job {cmd.job!r} is bound to {self.state.leases[bound].instance!r}",
+            )
+            return
         at_max = self._pool_at_max(pool, cmd.kind)
         if at_max is not None:
             self.decide(cmd.request_id, verb, "rejected", reason="pool-at-max", detail=at_max)
@@ -662,7 +712,7 @@ class _Step:
             runtime_profile_revision=basis[2],
         )
         self.create(lease, cmd.verb)
-        if cmd.job is not None and cmd.job not in self.state.jobs:
+        if cmd.job is not None:
             self.state.jobs[cmd.job] = lease.lease_id
         return lease
 
@@ -677,7 +727,10 @@ class _Step:
         for victim in victims:
             marked = self.move(victim, LeaseState.VICTIM, "preempted", victim_of=cmd.request_id)
             self.exec_delete(marked, "preempted")
-        lease = self._reserve(cmd, pool, host, gpus, gate=tuple(v.lease_id for v in victims))
+        gate = tuple(v.lease_id for v in victims)
+        lease = self._reserve(cmd, pool, host, gpus, gate=gate)
+        held, held_gpus = self._held_by(gate)
+        lease = self.move(lease, lease.state, "victims-held", held=held, held_gpus=held_gpus)
         self.decide(
             cmd.request_id, cmd.verb, "pending", phase="pending", lease=lease, victims=victims
         )

@@ -263,6 +263,8 @@ class Lease:
     state: LeaseState
     demand: Resources
     gpus: tuple[int, ...] = ()
+    #: PCI addresses an adopted VM was seen with (re-resolved on every snapshot)
+    gpu_pci: tuple[str, ...] = ()
     project: str = "default"
     job: JobId | None = None
     request_id: RequestId | None = None
@@ -278,6 +280,9 @@ class Lease:
     gate_seq: int | None = None
     #: victims (lease ids) still to be released before the launch gate can open
     awaiting_victims: tuple[LeaseId, ...] = ()
+    #: what those victims still hold: promised to this lease, booked by it meanwhile
+    held: Resources = ZERO
+    held_gpus: tuple[int, ...] = ()
     #: runtime inputs this lease's GPUs were rendered against
     runtime_gpu_revision: int = -1
     runtime_profile: str | None = None
@@ -291,6 +296,23 @@ class Lease:
     def books_capacity(self) -> bool:
         """Active and not promised away to a pending cold reservation."""
         return self.state is not LeaseState.RELEASED and self.victim_of is None
+
+    @property
+    def booked_demand(self) -> Resources:
+        """What this lease books: its demand, or while it waits on victims, at least
+        what they hold (the victims themselves book nothing)."""
+        if not self.held_gpus and self.held == ZERO:
+            return self.demand
+        d, h = self.demand, self.held
+        return Resources(
+            max(d.cpu, h.cpu), max(d.memory_mib, h.memory_mib), max(d.disk_gib, h.disk_gib)
+        )
+
+    @property
+    def booked_gpus(self) -> tuple[int, ...]:
+        if not self.held_gpus:
+            return self.gpus
+        return tuple(sorted(set(self.gpus) | set(self.held_gpus)))
 
     @property
     def gated(self) -> bool:

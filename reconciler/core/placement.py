@@ -140,10 +140,11 @@ def booking(state: State, host: Host, *, without: Iterable[Lease] = ()) -> Booki
         counts = dict(held) if held else {}
         for lease in without:
             if lease.books_capacity and lease.host == host.name:
-                cpu -= lease.demand.cpu
-                mem -= lease.demand.memory_mib
-                disk -= lease.demand.disk_gib
-                for ix in lease.gpus:
+                d = lease.booked_demand
+                cpu -= d.cpu
+                mem -= d.memory_mib
+                disk -= d.disk_gib
+                for ix in lease.booked_gpus:
                     counts[ix] -= 1
         used = {ix for ix, n in counts.items() if n > 0}
     used.update(host.foreign_gpus)
@@ -355,7 +356,8 @@ def capacity_bound(
     names: Iterable[HostName],
 ) -> list[HostFit]:
     """The hosts among ``names`` that fail only on capacity now (preemption's field)."""
-    fits = (evaluate(state, state.hosts[n], pool, demand, claims) for n in sorted(set(names)))
+    known = sorted({n for n in names if n in state.hosts})
+    fits = (evaluate(state, state.hosts[n], pool, demand, claims) for n in known)
     return [f for f in fits if f.fit is Fit.CAPACITY]
 
 

@@ -176,13 +176,14 @@ class State:
             self.in_pool[lease.pool].discard(lid)
         if lease.victim_of is None:
             row = self.booked.setdefault(lease.host, [0, 0, 0])
-            d = lease.demand
+            d = lease.booked_demand
             row[0] += sign * d.cpu
             row[1] += sign * d.memory_mib
             row[2] += sign * d.disk_gib
-            if lease.gpus:
+            gpus = lease.booked_gpus
+            if gpus:
                 held = self.gpus_held.setdefault(lease.host, {})
-                for ix in lease.gpus:
+                for ix in gpus:
                     n = held.get(ix, 0) + sign
                     if n:
                         held[ix] = n

@@ -1,0 +1,251 @@
+"""Exact JSON round trips for the core's frozen dataclasses.
+
+``encode(entity)`` gives the JSON bytes of an entity; ``decode(cls, data)`` rebuilds one
+that is ``==`` to it. Encoding is orjson's native dataclass support (fields in definition
+order, enums as their values, tuples as arrays) plus frozensets as sorted arrays, so it
+is deterministic. Decoding is driven by the class's type hints: for each class a
+converter is derived once from ``typing.get_type_hints`` and ``dataclasses.fields`` and
+cached. It understands dataclasses, enums, ``NewType`` (unwrapped to its supertype),
+``X | None``, ``tuple[T, ...]``, fixed tuples, ``frozenset[T]``, ``list[T]``,
+``dict[str, T]``, scalars and ``object``; any other hint is refused when the converter
+is built, never silently passed through.
+
+Rules:
+
+- A field missing from the JSON takes its dataclass default, so adding a defaulted field
+  to a model needs no data migration. An unknown key is an error (:class:`CodecError`).
+- ``GpuPolicy.overrides`` values are typed ``object``: on load they are re-validated by
+  :func:`reconciler.core.runtime.validate_overrides`, which gives back the typed tuple
+  (``MigMode``/``ComputeMode`` enums, bools, ints, ``None``) the fold built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from collections.abc import Callable
+from functools import cache
+from typing import Any, TypeVar
+
+import orjson
+
+from reconciler.core.model import GpuPolicy
+from reconciler.core.runtime import RuntimeConfigError, validate_overrides
+
+T = TypeVar("T")
+
+#: turns decoded JSON into the typed value; ``None`` means "the JSON value as it is"
+Converter = Callable[[Any], Any]
+
+
+class CodecError(ValueError):
+    """Stored JSON that does not describe the entity it should."""
+
+
+# ---------------------------------------------------------------------------- encoding
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, frozenset | set):
+        return sorted(value)
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def encode(entity: object) -> bytes:
+    """The JSON of ``entity`` (a dataclass of the model, or anything built from them)."""
+    return orjson.dumps(entity, default=_default)
+
+
+# ---------------------------------------------------------------------------- decoding
+
+
+def decode(cls: type[T], data: bytes | str) -> T:
+    """The entity of type ``cls`` that ``data`` (from :func:`encode`) describes."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise CodecError(f"{cls.__name__}: not JSON: {exc}") from exc
+    return from_builtins(cls, obj)
+
+
+def from_builtins(cls: type[T], obj: Any) -> T:
+    """The entity of type ``cls`` that decoded JSON ``obj`` describes."""
+    convert = converter(typing.cast(Any, cls))
+    try:
+        value = convert(obj) if convert is not None else obj
+    except CodecError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise CodecError(f"{cls.__name__}: {type(exc).__name__}: {exc}") from exc
+    return typing.cast(T, value)
+
+
+@cache
+def converter(tp: Any) -> Converter | None:
+    """The converter for a type hint, ``None`` when JSON already is the value."""
+    supertype = getattr(tp, "__supertype__", None)
+    if supertype is not None:  # NewType
+        return converter(supertype)
+    if tp is Any or tp is object or tp is type(None) or tp in (str, int, bool, float):
+        return None
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tp
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _dataclass_converter(tp)
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        return _optional_converter(tp, args)
+    if origin is tuple:
+        return _tuple_converter(tp, args)
+    if origin is frozenset or origin is list:
+        return _sequence_converter(origin, args[0])
+    if origin is dict:
+        return _dict_converter(tp, args)
+    raise TypeError(f"the store codec does not know how to decode {tp!r}")
+
+
+def _optional_converter(tp: Any, args: tuple[Any, ...]) -> Converter | None:
+    present = [a for a in args if a is not type(None)]
+    if len(present) != 1 or len(args) != 2:
+        raise TypeError(f"only `X | None` unions can be decoded, not {tp!r}")
+    inner = converter(present[0])
+    if inner is None:
+        return None
+
+    def optional(value: Any) -> Any:
+        return None if value is None else inner(value)
+
+    return optional
+
+
+def _tuple_converter(tp: Any, args: tuple[Any, ...]) -> Converter:
+    if len(args) == 2 and args[1] is Ellipsis:
+        item = converter(args[0])
+        if item is None:
+            return tuple
+        return lambda value: tuple(map(item, value))
+    if not args or args == ((),):
+        return tuple
+    items = [converter(a) for a in args]
+
+    def fixed(value: Any) -> Any:
+        if len(value) != len(items):
+            raise CodecError(f"expected {len(items)} items for {tp!r}, got {len(value)}")
+        return tuple(v if f is None else f(v) for f, v in zip(items, value, strict=True))
+
+    return fixed
+
+
+def _sequence_converter(origin: type, arg: Any) -> Converter:
+    item = converter(arg)
+    if item is None:
+        return origin
+    return lambda value: origin(map(item, value))
+
+
+def _dict_converter(tp: Any, args: tuple[Any, ...]) -> Converter:
+    key_type, value_type = args
+    while getattr(key_type, "__supertype__", None) is not None:
+        key_type = key_type.__supertype__
+    if key_type is not str:
+        raise TypeError(f"only dicts with str keys can be decoded, not {tp!r}")
+    item = converter(value_type)
+    if item is None:
+        return dict
+    return lambda value: {k: item(v) for k, v in value.items()}
+
+
+def _dataclass_converter(cls: type) -> Converter:
+    hints = typing.get_type_hints(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    specs: dict[str, Converter | None] = {f.name: converter(hints[f.name]) for f in fields}
+    after = _AFTER_LOAD.get(cls)
+    general = _general_builder(cls, specs, after)
+    return _fast_builder(cls, [(f.name, hints[f.name]) for f in fields], general, after)
+
+
+def _general_builder(
+    cls: type, specs: dict[str, Converter | None], after: Converter | None
+) -> Converter:
+    """Any object: missing fields take their defaults, unknown ones are refused."""
+    name = cls.__name__
+
+    def build(value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise CodecError(f"{name}: expected an object, got {type(value).__name__}")
+        kwargs: dict[str, Any] = {}
+        for key, raw in value.items():
+            try:
+                convert = specs[key]
+            except KeyError:
+                raise CodecError(f"{name}: unknown field {key!r}") from None
+            kwargs[key] = raw if convert is None else convert(raw)
+        entity = cls(**kwargs)
+        return entity if after is None else after(entity)
+
+    return build
+
+
+def _fast_builder(
+    cls: type, fields: list[tuple[str, Any]], general: Converter, after: Converter | None
+) -> Converter:
+    """The common case, an object with exactly the class's fields (what :func:`encode`
+    writes), as one generated expression: no per-field call for plain JSON values.
+    Anything else (a missing or unknown key, not an object) goes to ``general``."""
+    env: dict[str, Any] = {"cls": cls, "general": general, "after": after}
+    args = ", ".join(
+        f"{name}={_inline(hint, f'd[{name!r}]', env, f'{i}')}"
+        for i, (name, hint) in enumerate(fields)
+    )
+    finish = "entity" if after is None else "after(entity)"
+    source = (
+        "def build(d):\n"
+        f"    if type(d) is not dict or len(d) != {len(fields)}:\n"
+        "        return general(d)\n"
+        "    try:\n"
+        f"        entity = cls({args})\n"
+        "    except KeyError:\n"
+        "        return general(d)\n"
+        f"    return {finish}\n"
+    )
+    exec(compile(source, f"<codec {cls.__qualname__}>", "exec"), env)
+    build: Converter = env["build"]
+    return build
+
+
+def _inline(hint: Any, expr: str, env: dict[str, Any], tag: str) -> str:
+    """Python source converting the JSON value ``expr`` to ``hint`` (names in ``env``)."""
+    while getattr(hint, "__supertype__", None) is not None:
+        hint = hint.__supertype__
+    convert = converter(hint)
+    if convert is None:
+        return expr
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if (origin is typing.Union or origin is types.UnionType) and len(args) == 2:
+        (inner,) = [a for a in args if a is not type(None)]
+        var = f"v{tag}"
+        return f"(None if ({var} := {expr}) is None else {_inline(inner, var, env, tag + '_')})"
+    if origin is tuple and convert is tuple:
+        return f"tuple({expr})"
+    name = f"c{tag}"
+    env[name] = convert
+    return f"{name}({expr})"
+
+
+def _gpu_policy_after_load(policy: GpuPolicy) -> GpuPolicy:
+    try:
+        typed = validate_overrides(policy.name, dict(policy.overrides))
+    except RuntimeConfigError as exc:
+        raise CodecError(str(exc)) from exc
+    return dataclasses.replace(policy, overrides=typed)
+
+
+#: per-class fix-ups after the generic conversion (typed ``object`` fields)
+_AFTER_LOAD: dict[type, Callable[[Any], Any]] = {GpuPolicy: _gpu_policy_after_load}
+
+
+__all__ = ["CodecError", "converter", "decode", "encode", "from_builtins"]

@@ -1,0 +1,513 @@
+"""The SQLite store: folded state, lease journal, outbox and stream position.
+
+One batch of folded inputs is one ``BEGIN IMMEDIATE … COMMIT`` (DESIGN.md, principle 3):
+the rows of every entity the batch touched (read from the state; a touched entity that
+is no longer in the state is deleted), the journal of its lease transitions, its outputs
+in the outbox, and the applied stream sequence. The position only moves forward: a batch
+at or below it writes nothing and :meth:`Store.commit` returns ``False``, which is what
+makes a redelivered batch harmless.
+
+Rules of this module:
+
+- Every public method is a coroutine on one connection, serialised by a lock, so a
+  publisher marking the outbox sent never interleaves with a commit's transaction.
+- Rows are encoded before the write lock is taken; each table is written with one
+  ``executemany`` of a constant statement (sqlite3 caches the prepared statement).
+- Driver errors and undecodable rows become :class:`StoreError` (``raise … from``).
+- Entities are JSON (:mod:`reconciler.store.codec`) in a ``data`` column, with the
+  columns an operator queries by (lease state, host, pool, job…) beside it, indexed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import aiosqlite
+
+from reconciler.core.model import (
+    GpuPolicy,
+    GpuProfile,
+    Host,
+    JobId,
+    Lease,
+    LeaseId,
+    Pool,
+    RequestId,
+    ResourceClass,
+)
+from reconciler.core.state import DecisionRecord, Effects, Output, State
+from reconciler.store.codec import CodecError, decode, encode
+from reconciler.store.errors import StoreClosed, StoreError
+from reconciler.store.migrations import migrate
+from reconciler.store.migrations import schema_version as read_schema_version
+
+#: (State/Effects attribute, table, entity class) of the entities keyed by name
+_NAMED: tuple[tuple[str, str, type[Any]], ...] = (
+    ("hosts", "hosts", Host),
+    ("pools", "pools", Pool),
+    ("classes", "classes", ResourceClass),
+    ("profiles", "gpu_profiles", GpuProfile),
+    ("policies", "gpu_policies", GpuPolicy),
+)
+
+_UPSERT_NAMED = (
+    "INSERT INTO {table} (name, data) VALUES (?, ?) "
+    "ON CONFLICT (name) DO UPDATE SET data = excluded.data"
+)
+_DELETE_NAMED = "DELETE FROM {table} WHERE name = ?"
+_UPSERT_LEASE = (
+    "INSERT INTO leases (lease_id, instance, host, pool, state, job, data) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (lease_id) DO UPDATE SET "
+    "instance = excluded.instance, host = excluded.host, pool = excluded.pool, "
+    "state = excluded.state, job = excluded.job, data = excluded.data"
+)
+_DELETE_LEASE = "DELETE FROM leases WHERE lease_id = ?"
+_UPSERT_DECISION = (
+    "INSERT INTO decisions (request_id, verb, phase, msg_id, payload, lease_id) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO UPDATE SET "
+    "verb = excluded.verb, phase = excluded.phase, msg_id = excluded.msg_id, "
+    "payload = excluded.payload, lease_id = excluded.lease_id"
+)
+_DELETE_DECISION = "DELETE FROM decisions WHERE request_id = ?"
+_UPSERT_JOB = (
+    "INSERT INTO jobs (job, lease_id) VALUES (?, ?) "
+    "ON CONFLICT (job) DO UPDATE SET lease_id = excluded.lease_id"
+)
+_DELETE_JOB = "DELETE FROM jobs WHERE job = ?"
+_CLEAR_JOBS = "DELETE FROM jobs"
+_INSERT_JOURNAL = (
+    "INSERT INTO journal (input_seq, lease_id, event, from_state, to_state) VALUES (?, ?, ?, ?, ?)"
+)
+_INSERT_OUTBOX = "INSERT INTO outbox (input_seq, subject, msg_id, payload) VALUES (?, ?, ?, ?)"
+#: moves the position forward, or matches no row when the batch is not ahead of it
+_ADVANCE = "UPDATE position SET applied_seq = ? WHERE id = 1 AND applied_seq < ?"
+_DECISION_COLUMNS = "request_id, verb, phase, msg_id, payload, lease_id"
+
+
+class _NotAhead(Exception):
+    """The batch is at or below the stored position: roll back, write nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """One output waiting to be published (``msg_id`` is its ``Nats-Msg-Id``)."""
+
+    id: int
+    subject: str
+    msg_id: str | None
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One folded batch, encoded: what :meth:`Store.write` puts in one transaction.
+
+    Built by :func:`encode_batch` synchronously, so it is a snapshot: the caller may go
+    on folding into the same state while the batch is being written.
+    """
+
+    applied_seq: int
+    #: (constant statement, parameter rows) in write order
+    writes: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...]
+
+
+def encode_batch(
+    state: State, fx: Effects, *, applied_seq: int, extra_outputs: Sequence[Output] = ()
+) -> Batch:
+    """The rows of one batch: every entity ``fx`` names, read from ``state`` (deleted
+    when ``state`` no longer has it), its transitions, its outputs then
+    ``extra_outputs`` for the outbox, and the position ``applied_seq``."""
+    writes: list[tuple[str, tuple[tuple[Any, ...], ...]]] = []
+
+    def add(statement: str, rows: list[tuple[Any, ...]]) -> None:
+        if rows:
+            writes.append((statement, tuple(rows)))
+
+    for attr, table, _ in _NAMED:
+        source: dict[Any, Any] = getattr(state, attr)
+        touched: Iterable[str] = sorted(getattr(fx, attr))
+        upserts: list[tuple[Any, ...]] = []
+        deletes: list[tuple[Any, ...]] = []
+        for name in touched:
+            entity = source.get(name)
+            if entity is None:
+                deletes.append((name,))
+            else:
+                upserts.append((name, _json(entity, table, name)))
+        add(_UPSERT_NAMED.format(table=table), upserts)
+        add(_DELETE_NAMED.format(table=table), deletes)
+
+    leases: list[tuple[Any, ...]] = []
+    gone: list[tuple[Any, ...]] = []
+    jobs: set[JobId] = set()
+    for lease_id in sorted(fx.leases):
+        lease = state.leases.get(lease_id)
+        if lease is None:
+            gone.append((lease_id,))
+            continue
+        leases.append(
+            (
+                lease.lease_id,
+                lease.instance,
+                lease.host,
+                lease.pool,
+                lease.state.value,
+                lease.job,
+                _json(lease, "leases", lease_id),
+            )
+        )
+        if lease.job is not None:
+            jobs.add(lease.job)
+    add(_UPSERT_LEASE, leases)
+    add(_DELETE_LEASE, gone)
+
+    # Jobs by diff. A job is bound in the fold only together with a lease that carries
+    # it and is touched in the same step, and a binding never changes afterwards; so
+    # the jobs of the touched leases cover every binding this batch can have made or
+    # unmade (O(batch), not O(all jobs)): their rows are rewritten from the state, or
+    # deleted when unbound. A deleted lease no longer tells its job: then (never in
+    # today's fold) the whole table is rewritten from the state.
+    if gone:
+        add(_CLEAR_JOBS, [()])
+        add(_UPSERT_JOB, sorted(state.jobs.items()))
+    else:
+        bound = [(job, state.jobs[job]) for job in sorted(jobs) if job in state.jobs]
+        unbound = [(job,) for job in sorted(jobs) if job not in state.jobs]
+        add(_UPSERT_JOB, bound)
+        add(_DELETE_JOB, unbound)
+
+    decisions: list[tuple[Any, ...]] = []
+    undecided: list[tuple[Any, ...]] = []
+    for request_id in sorted(fx.decisions):
+        record = state.decisions.get(request_id)
+        if record is None:
+            undecided.append((request_id,))
+        else:
+            decisions.append(
+                (
+                    record.request_id,
+                    record.verb,
+                    record.phase,
+                    record.msg_id,
+                    record.payload,
+                    record.lease_id,
+                )
+            )
+    add(_UPSERT_DECISION, decisions)
+    add(_DELETE_DECISION, undecided)
+
+    add(
+        _INSERT_JOURNAL,
+        [(t.input_seq, t.lease_id, t.event, t.from_state, t.to_state) for t in fx.transitions],
+    )
+    add(
+        _INSERT_OUTBOX,
+        [(applied_seq, o.subject, o.msg_id, o.payload) for o in (*fx.outputs, *extra_outputs)],
+    )
+    return Batch(applied_seq=applied_seq, writes=tuple(writes))
+
+
+def _decision(row: Sequence[Any]) -> DecisionRecord:
+    request_id, verb, phase, msg_id, payload, lease_id = row
+    return DecisionRecord(
+        request_id=RequestId(request_id),
+        verb=verb,
+        phase=phase,
+        msg_id=msg_id,
+        payload=bytes(payload),
+        lease_id=LeaseId(lease_id) if lease_id is not None else None,
+    )
+
+
+class Store:
+    """An open store. Use :meth:`open`; close it with :meth:`close` or ``async with``."""
+
+    def __init__(self, conn: aiosqlite.Connection, path: Path) -> None:
+        self._conn: aiosqlite.Connection | None = conn
+        self._lock = asyncio.Lock()
+        self.path = path
+
+    # ---------------------------------------------------------------- lifetime
+
+    @classmethod
+    async def open(cls, path: str | Path) -> Store:
+        """Open (creating if needed) and migrate the database at ``path``.
+
+        Raises :class:`SchemaTooNew` for a database of a newer reconciler, and
+        :class:`StoreError` for anything that is not a usable database.
+        """
+        path = Path(path)
+        # autocommit mode: every transaction below is an explicit BEGIN … COMMIT
+        connecting = aiosqlite.connect(path, isolation_level=None)
+        try:
+            conn = await connecting
+        except sqlite3.Error as exc:
+            await _worker_stopped(connecting)
+            raise StoreError(f"cannot open store {path}: {exc}") from exc
+        try:
+            await cls._configure(conn, path)
+            await migrate(conn, where=f"store {path}")
+        except BaseException as exc:
+            await conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"cannot open store {path}: {exc}") from exc
+            raise
+        return cls(conn, path)
+
+    @staticmethod
+    async def _configure(conn: aiosqlite.Connection, path: Path) -> None:
+        # WAL + synchronous=NORMAL: a commit is durable against a crash of the process
+        # (the WAL is written before COMMIT returns; only the fsync is deferred to the
+        # checkpoint), and readers never block the writer. Only a power loss or an OS
+        # crash can drop the last commits, and then nothing is lost either: those
+        # batches were never acknowledged, so JetStream redelivers them, and the
+        # forward-only position makes folding them again exact. FULL would add an fsync
+        # per batch for no gain in what survives.
+        async with conn.execute("PRAGMA journal_mode = WAL") as cur:
+            row = await cur.fetchone()
+        mode = str(row[0]).lower() if row is not None else ""
+        if mode != "wal" and str(path) != ":memory:":
+            raise StoreError(f"store {path}: cannot use WAL mode (journal_mode is {mode!r})")
+        await conn.execute("PRAGMA synchronous = NORMAL")
+        await conn.execute("PRAGMA busy_timeout = 5000")
+        # A batch of 500 admissions dirties ~1 MiB of pages: keep them in cache, and
+        # checkpoint (the only fsync under NORMAL) every ~16 MiB of WAL, not every 4 MiB.
+        await conn.execute("PRAGMA cache_size = -32768")
+        await conn.execute("PRAGMA wal_autocheckpoint = 4000")
+
+    async def close(self) -> None:
+        """Close the connection (idempotent); later calls raise :class:`StoreClosed`."""
+        async with self._lock:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                try:
+                    await conn.close()
+                except sqlite3.Error as exc:
+                    raise StoreError(f"cannot close store {self.path}: {exc}") from exc
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @asynccontextmanager
+    async def _using(self, what: str) -> AsyncIterator[aiosqlite.Connection]:
+        """The connection, alone, with driver errors translated."""
+        async with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise StoreClosed(f"store {self.path} is closed ({what})")
+            try:
+                yield conn
+            except sqlite3.Error as exc:
+                raise StoreError(f"store {self.path}: {what} failed: {exc}") from exc
+
+    @asynccontextmanager
+    async def _transaction(self, what: str) -> AsyncIterator[aiosqlite.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction: committed on exit, rolled back on error."""
+        async with self._using(what) as conn:
+            if conn.in_transaction:  # left open by a failed COMMIT or ROLLBACK: discard it
+                await conn.execute("ROLLBACK")
+            await conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                await conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    await conn.execute("ROLLBACK")
+                raise
+
+    # ------------------------------------------------------------------ writes
+
+    async def commit(
+        self,
+        state: State,
+        fx: Effects,
+        *,
+        applied_seq: int,
+        extra_outputs: Sequence[Output] = (),
+    ) -> bool:
+        """Write one folded batch atomically, with the position ``applied_seq``.
+
+        ``extra_outputs`` (dead letters built by the bus) go to the outbox after the
+        fold's outputs; every outbox row of the batch records ``applied_seq`` as its
+        ``input_seq``. ``False``, and nothing written, when ``applied_seq`` is at or
+        below the stored position (a redelivered batch).
+        """
+        batch = encode_batch(state, fx, applied_seq=applied_seq, extra_outputs=extra_outputs)
+        return await self.write(batch)
+
+    async def write(self, batch: Batch) -> bool:
+        """Write an encoded batch in one transaction; see :meth:`commit`.
+
+        For pipelining: ``batch = encode_batch(...)`` right after folding, then fold the
+        next batch while ``write(batch)`` runs on the database thread.
+        """
+        seq = batch.applied_seq
+        try:
+            async with self._transaction(f"commit up to seq {seq}") as conn:
+                async with conn.execute(_ADVANCE, (seq, seq)) as cur:
+                    if cur.rowcount != 1:
+                        raise _NotAhead
+                for statement, params in batch.writes:
+                    await conn.executemany(statement, params)
+        except _NotAhead:
+            return False
+        return True
+
+    async def mark_sent(self, ids: Sequence[int]) -> None:
+        """Record outbox rows as published (idempotent)."""
+        if not ids:
+            return
+        async with self._transaction("mark outbox sent") as conn:
+            await conn.executemany("UPDATE outbox SET sent = 1 WHERE id = ?", [(i,) for i in ids])
+
+    async def prune_outbox(self, keep_after_id: int) -> int:
+        """Delete published outbox rows with ``id <= keep_after_id``; how many went.
+
+        Unsent rows are never pruned. Ids are ``AUTOINCREMENT``: never reused.
+        """
+        sql = "DELETE FROM outbox WHERE sent = 1 AND id <= ?"
+        async with (
+            self._transaction("prune outbox") as conn,
+            conn.execute(sql, (keep_after_id,)) as cur,
+        ):
+            return max(cur.rowcount, 0)
+
+    # ------------------------------------------------------------------- reads
+
+    async def applied_seq(self) -> int:
+        """The last stream sequence whose batch is committed (0 for a new store)."""
+        async with self._using("read position") as conn:
+            return await self._applied_seq(conn)
+
+    @staticmethod
+    async def _applied_seq(conn: aiosqlite.Connection) -> int:
+        async with conn.execute("SELECT applied_seq FROM position WHERE id = 1") as cur:
+            row = await cur.fetchone()
+        if row is None:
+            raise StoreError("the position row is missing")
+        return int(row[0])
+
+    async def schema_version(self) -> int:
+        async with self._using("read schema version") as conn:
+            return await read_schema_version(conn)
+
+    async def load_state(self) -> State:
+        """The state as committed, derived indexes rebuilt (``State.reindex``)."""
+        async with self._using("load state") as conn:
+            # one read transaction: a consistent snapshot even with other writers
+            await conn.execute("BEGIN")
+            try:
+                state = State(applied_seq=await self._applied_seq(conn))
+                for attr, table, cls in _NAMED:
+                    target: dict[Any, Any] = getattr(state, attr)
+                    sql = f"SELECT name, data FROM {table} ORDER BY name"
+                    for name, data in await conn.execute_fetchall(sql):
+                        target[name] = _decode(cls, data, table, name)
+                sql = "SELECT lease_id, data FROM leases ORDER BY lease_id"
+                for lease_id, data in await conn.execute_fetchall(sql):
+                    state.leases[LeaseId(lease_id)] = _decode(Lease, data, "leases", lease_id)
+                sql = f"SELECT {_DECISION_COLUMNS} FROM decisions ORDER BY request_id"
+                for row in await conn.execute_fetchall(sql):
+                    record = _decision(row)
+                    state.decisions[record.request_id] = record
+                sql = "SELECT job, lease_id FROM jobs ORDER BY job"
+                for job, lease_id in await conn.execute_fetchall(sql):
+                    state.jobs[JobId(job)] = LeaseId(lease_id)
+            finally:
+                await conn.execute("COMMIT")
+        state.reindex()
+        return state
+
+    async def unsent_outbox(self, limit: int = 1000) -> list[OutboxRow]:
+        """Up to ``limit`` unpublished outputs, oldest first."""
+        async with self._using("read outbox") as conn:
+            rows = await conn.execute_fetchall(
+                "SELECT id, subject, msg_id, payload FROM outbox WHERE sent = 0 "
+                "ORDER BY id LIMIT ?",
+                (limit,),
+            )
+        return [OutboxRow(int(i), subject, msg_id, bytes(p)) for i, subject, msg_id, p in rows]
+
+    async def lease_history(self, lease_id: str) -> list[dict[str, Any]]:
+        """The journal of one lease, in order: ``input_seq, event, from_state, to_state``."""
+        async with self._using("read lease history") as conn:
+            rows = await conn.execute_fetchall(
+                "SELECT input_seq, event, from_state, to_state FROM journal "
+                "WHERE lease_id = ? ORDER BY id",
+                (lease_id,),
+            )
+        return [
+            {"input_seq": seq, "event": event, "from_state": src, "to_state": dst}
+            for seq, event, src, dst in rows
+        ]
+
+    async def transitions_at(self, input_seq: int) -> list[dict[str, Any]]:
+        """Every lease transition one input caused, in order (audit: "what did N do")."""
+        async with self._using("read journal") as conn:
+            rows = await conn.execute_fetchall(
+                "SELECT lease_id, event, from_state, to_state FROM journal "
+                "WHERE input_seq = ? ORDER BY id",
+                (input_seq,),
+            )
+        return [
+            {"lease_id": lid, "event": event, "from_state": src, "to_state": dst}
+            for lid, event, src, dst in rows
+        ]
+
+    async def decisions_for(
+        self, *, lease_id: str | None = None, request_id: str | None = None
+    ) -> list[DecisionRecord]:
+        """The latest decisions naming a lease, or the one of a request id."""
+        if (lease_id is None) == (request_id is None):
+            raise TypeError("decisions_for() takes exactly one of lease_id, request_id")
+        column, key = ("lease_id", lease_id) if lease_id is not None else ("request_id", request_id)
+        async with self._using("read decisions") as conn:
+            rows = await conn.execute_fetchall(
+                f"SELECT {_DECISION_COLUMNS} FROM decisions WHERE {column} = ? ORDER BY request_id",
+                (key,),
+            )
+        return [_decision(row) for row in rows]
+
+
+async def _worker_stopped(conn: aiosqlite.Connection) -> None:
+    """Wait for the worker thread of a connection that failed to connect.
+
+    aiosqlite stops that thread without waiting for it; if the event loop closed
+    before the thread's last callback, the thread would die on "Event loop is closed".
+    """
+    thread = getattr(conn, "_thread", None)
+    if isinstance(thread, threading.Thread) and thread.is_alive():
+        await asyncio.to_thread(thread.join, 5.0)
+
+
+def _json(entity: object, table: str, key: str) -> str:
+    try:
+        return encode(entity).decode()
+    except TypeError as exc:  # orjson.JSONEncodeError: an unsupported type, a huge int
+        raise StoreError(f"cannot encode {table} {key!r}: {exc}") from exc
+
+
+def _decode(cls: type[Any], data: str | bytes, table: str, key: str) -> Any:
+    try:
+        return decode(cls, data)
+    except CodecError as exc:
+        raise StoreError(f"cannot decode {table} row {key!r}: {exc}") from exc
+
+
+__all__ = ["Batch", "OutboxRow", "Store", "encode_batch"]
