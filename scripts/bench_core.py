@@ -30,6 +30,23 @@ def _res(cpu: int, mem: int, disk: int) -> dict[str, int]:
     return {"cpu": cpu, "memory_mib": mem, "disk_gib": disk}
 
 
+def _snapshot(host: str, revision: int) -> tuple[str, dict[str, Any]]:
+    return (
+        "host.snapshot",
+        {
+            "v": 1,
+            "host": host,
+            "uid": f"u-{host}",
+            "revision": revision,
+            "schedulable": True,
+            "labels": {"zone": "a"},
+            "capacity": _res(64, 262144, 2000),
+            "reserve": _res(2, 4096, 50),
+            "gpus": [],
+        },
+    )
+
+
 def workload(n: int, hosts: int, seed: int) -> list[tuple[str, dict[str, Any]]]:
     rnd = random.Random(seed)
     items: list[tuple[str, dict[str, Any]]] = []
@@ -37,22 +54,7 @@ def workload(n: int, hosts: int, seed: int) -> list[tuple[str, dict[str, Any]]]:
     revision = dict.fromkeys(host_names, 0)
     for h in host_names:
         revision[h] += 1
-        items.append(
-            (
-                "host.snapshot",
-                {
-                    "v": 1,
-                    "host": h,
-                    "uid": f"u-{h}",
-                    "revision": revision[h],
-                    "schedulable": True,
-                    "labels": {"zone": "a"},
-                    "capacity": _res(64, 262144, 2000),
-                    "reserve": _res(2, 4096, 50),
-                    "gpus": [],
-                },
-            )
-        )
+        items.append(_snapshot(h, revision[h]))
     for pool, warm in (("cold-small", 0), ("warm-small", 4)):
         items.append(
             (
@@ -133,22 +135,7 @@ def workload(n: int, hosts: int, seed: int) -> list[tuple[str, dict[str, Any]]]:
         else:
             h = rnd.choice(host_names)
             revision[h] += 1
-            items.append(
-                (
-                    "host.snapshot",
-                    {
-                        "v": 1,
-                        "host": h,
-                        "uid": f"u-{h}",
-                        "revision": revision[h],
-                        "schedulable": True,
-                        "labels": {"zone": "a"},
-                        "capacity": _res(64, 262144, 2000),
-                        "reserve": _res(2, 4096, 50),
-                        "gpus": [],
-                    },
-                )
-            )
+            items.append(_snapshot(h, revision[h]))
     return items[:n]
 
 
