@@ -744,6 +744,17 @@ class Run:
                 assert any(seq > gate.seq for seq in self.accepted.get(gate.host, ())), (
                     f"gate of {rid} opened without a snapshot or inventory after seq {gate.seq}"
                 )
+                # ... and the fit still holds on that host (proven on fresh state)
+                s = self.state
+                host = s.hosts[HostName(gate.host)]
+                lease = s.leases[LeaseId(gate.lease_id)]
+                assert not any(over(s, gate.host)), f"gate of {rid} opened on a full host"
+                others: Counter[int] = Counter()
+                for other in s.leases.values():
+                    if other.host == gate.host and books(other) and other is not lease:
+                        others.update(other.gpus)
+                taken = set(lease.gpus) & (set(others) | host.foreign_gpus)
+                assert not taken, f"gate of {rid} opened onto GPUs {taken} in use"
                 gate.opened = True
                 self.seen["gate-opened"] += 1
 
@@ -1304,7 +1315,8 @@ def contend(draw: Draw, run: Run) -> None:
     if not run.state.hosts:
         return None
     host = some(draw, sorted(run.state.hosts))
-    warm_vm(draw, run, host=host)
+    for _ in range(draw(st.integers(1, 2))):  # maybe from two pools: victims of two sizes
+        warm_vm(draw, run, host=host)
     fill_host(draw, run, host=host)
     return None
 
@@ -1409,7 +1421,8 @@ def prelude(draw: Draw, run: Run) -> list[Item]:
                 )
             )
         items.append(gpu_class("gpu"))
-        for name, priority in (("p1", 0), ("p2", 1)):
+        gpu_claim = [{"name": "gpu", "class": "gpu"}]
+        for name, priority, claims in (("p1", 0, []), ("p2", 1, []), ("p3", 0, gpu_claim)):
             items.append(
                 pool(
                     name,
@@ -1421,6 +1434,7 @@ def prelude(draw: Draw, run: Run) -> list[Item]:
                     max_instances=6,
                     priority=priority,
                     protect_min_ready=draw(st.booleans()),
+                    claims=claims,
                 )
             )
     return items
@@ -1448,7 +1462,7 @@ def play(data: Any, run: Run, *, steps: int) -> Run:
 # these tests get more than the project's default timeout.
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("strict", [True, False], ids=["strict", "foreign"])
-@budget(120)
+@budget(250)
 @given(data=st.data())
 def test_every_invariant_holds_after_every_input(strict: bool, data: Any) -> None:
     """Properties 1-6 and 8 after every input; 7 at the end of the stream."""
@@ -1457,7 +1471,7 @@ def test_every_invariant_holds_after_every_input(strict: bool, data: Any) -> Non
 
 
 @pytest.mark.timeout(900)
-@budget(60)
+@budget(100)
 @given(data=st.data())
 def test_folding_is_deterministic_and_restart_safe(data: Any) -> None:
     """Property 7 on longer streams, without the per-step checks."""
