@@ -4,33 +4,46 @@ A :class:`Run` folds one input at a time and, after every input, checks the safe
 of DESIGN.md ("Principles", "Domain") and the decision shapes of CONTRACT.md against
 facts the test computes itself from ``state.leases`` and the inputs it sent:
 
-1. booked <= allocatable per host and dimension (strict streams), or, with foreign and
-   adopted instances that may over-commit a host, "no input other than an inventory
-   raises a host's booking above its allocatable, and nothing is newly reserved on a
-   host that is over-committed afterwards"; the test's own booking equals
-   ``placement.booking``;
-2. no GPU index in two capacity-booking leases of a host, nor in ``host.foreign_gpus``
-   (same strict / delta split);
-3. ``state.jobs`` is injective, every binding is permanent, a lease's job never changes;
-4. nothing claims a lease that was ever draining or a victim (from ``Effects.transitions``);
+1. booking (``own_booking``: active non-victim leases, a pending reservation at least at
+   what its victims hold, plus foreign VMs) equals ``placement.booking`` and is
+   <= allocatable on every host in every dimension in *strict* streams (no foreign or
+   tagged VMs). With foreign and adopted VMs, which may over-commit a host: no input but
+   an inventory raises a host's booking above allocatable, nothing is reserved on a host
+   left over-committed, and a lease admitted at once fits beside the victims that still
+   run;
+2. no GPU index in two capacity-booking leases of a host nor in ``host.foreign_gpus``
+   (strict), or no such conflict made by anything but observed facts; a new lease takes
+   free GPUs; GPUs the latest inventory shows in use are booked;
+3. ``state.jobs`` is injective and permanent, a lease's job never changes, no second
+   lease carries a bound job; claim-warm: same job, same lease; else the oldest idle VM;
+4. nothing claims a lease that ever was draining or a victim (``Effects.transitions``),
+   and every transition is an edge of the lease diagram;
 5. the launch gate: a pending admit-preemptible is answered ``admitted`` only after all
-   its victims were released and after an accepted snapshot or inventory of its host
-   newer than the pending decision;
+   its victims were released, after an accepted snapshot or inventory of its host newer
+   than the pending decision, and while the fit holds; victims are a 1-minimal set of
+   idle ready VMs of that host and protected pools keep ``min_ready``;
 6. a command whose request id was decided changes nothing and re-sends the same bytes
-   under the same msg id; re-folding an applied message is a no-op without outputs;
-7. folding the same stream into a fresh state (and into a state rebuilt from the persisted
-   fields half way through, as after a restart) gives the same state and output bytes;
-8. every decision payload has the contract's shape, outcome and reason codes;
+   under the same msg id; re-folding an applied message or batch is a no-op without
+   outputs; stale snapshots/inventories and rejected configs change nothing;
+7. folding the same stream into a fresh state, and into a state rebuilt from the
+   persisted fields half way (a restart), gives the same state and output bytes;
+8. every decision has the contract's shape, outcome and reason codes, its input seq and
+   timestamp; executor commands and config rejections are well-formed, and a delete never
+   hits another live lease.
 
-plus a few cross-checks of the derived indexes (placement's incremental candidate index
-against a full scan, the claim order, pool maxima, lease transitions along the diagram).
+Also: derived indexes equal a fresh ``reindex()``; placement (with its incremental
+candidate index) picks what a full scan picks; pool maxima; mark-created /
+mark-warm-injected / drain outcomes follow the pre-state; Incus events and observations
+move only the lease they name.
 
 Streams are drawn interactively (``st.data()``) so that commands and events name the
-instances and leases that exist; hypothesis still shrinks them to short repros.
+instances and leases that exist, with a few macros (warm VMs booting, a host filled up and
+contended, the executor deleting, the verifier observing) to reach deep states; hypothesis
+still shrinks them, and a failure prints the stream as ``seq: kind payload`` notes.
 
-Profiles: ``RC_HYPOTHESIS_PROFILE=rc-dev`` (default, random seeds, fast),
-``rc-ci`` (``derandomize=True``, same budget) or ``rc-long`` (ten times the examples).
-No property depends on which one runs.
+Profiles: ``RC_HYPOTHESIS_PROFILE=rc-dev`` (default, random seeds), ``rc-ci``
+(``derandomize=True``, same budget) or ``rc-long`` (ten times the examples). No property
+depends on which one runs.
 """
 
 from __future__ import annotations
@@ -54,9 +67,11 @@ from reconciler.core.inputs import (
     Command,
     HostInventory,
     HostSnapshot,
+    Lifecycle,
     MarkCreated,
     MarkWarmInjected,
     Message,
+    Observation,
     RenderRuntime,
 )
 from reconciler.core.model import (
@@ -211,6 +226,8 @@ EDGES = (
     | {(s, "released") for s in ACTIVE_STATES}
 )
 ADMIT_EVENTS = ("admit", "admit-preemptible")
+#: Incus lifecycle actions that may change state (CONTRACT "Inputs"); others are recorded
+STATE_ACTIONS = ("instance-created", "instance-ready", "instance-agent-started", "instance-deleted")
 
 # ============================================================================ digests
 
@@ -278,10 +295,14 @@ def books(lease: Lease) -> bool:
     return lease.state is not LeaseState.RELEASED and lease.victim_of is None
 
 
-def own_booking(state: State, host: str) -> tuple[tuple[int, int, int], Counter[int]]:
+def own_booking(
+    state: State, host: str, *, promised: str | None = None
+) -> tuple[tuple[int, int, int], Counter[int]]:
     """Booked on a host (DESIGN "Leases"): every active lease but victims, whose
     capacity is promised to the pending reservation naming them, which books at least
-    what its remaining victims hold (their GPUs too); plus foreign VMs."""
+    what its remaining victims hold (their GPUs too); plus foreign VMs. With
+    ``promised``, that pending lease counts only its own demand: what the host will
+    book once its victims are gone."""
     cpu = mem = disk = 0
     gpus: Counter[int] = Counter()
     for lease in state.leases.values():
@@ -289,7 +310,7 @@ def own_booking(state: State, host: str) -> tuple[tuple[int, int, int], Counter[
             d = lease.demand
             mine = {*lease.gpus}
             victims = [state.leases[v] for v in lease.awaiting_victims]
-            if victims:
+            if victims and lease.lease_id != promised:
                 held = (
                     sum(v.demand.cpu for v in victims),
                     sum(v.demand.memory_mib for v in victims),
@@ -334,8 +355,8 @@ def gpu_conflicts(state: State, host: str) -> set[int]:
     return {ix for ix, n in held.items() if n > 1} | (set(held) & set(foreign))
 
 
-def over(state: State, host: str) -> tuple[bool, bool, bool]:
-    (cpu, mem, disk), _ = own_booking(state, host)
+def over(state: State, host: str, *, promised: str | None = None) -> tuple[bool, bool, bool]:
+    (cpu, mem, disk), _ = own_booking(state, host, promised=promised)
     a = state.hosts[HostName(host)].allocatable
     return (cpu > a.cpu, mem > a.memory_mib, disk > a.disk_gib)
 
@@ -440,6 +461,8 @@ class Run:
                 if le.pool == item.pool and le.active and idle_ready(le)
             ]
             pre["claim"] = min(ready, key=lambda le: (le.ready_seq, le.lease_id)) if ready else None
+        if isinstance(item, (Lifecycle, Observation)) and item.instance is not None:
+            pre["lease"] = s.lease_of_instance(item.instance)
         if isinstance(item, AuthorizeWarmDrain):
             lease = s.lease_of_instance(item.instance)
             pre["drainable"] = (
@@ -485,6 +508,8 @@ class Run:
         self.check_gates(msg, decisions)
         if isinstance(item, Command):
             self.check_command(msg, fx, pre, decisions)
+        if isinstance(item, (Lifecycle, Observation)):
+            self.check_event(item, fx, pre)
         if fx.outputs and any(o.subject.startswith("out.config.rejected.") for o in fx.outputs):
             assert digest(s, with_seq=False) == pre["digest"], "a rejected config changed state"
             self.seen["config-rejected"] += 1
@@ -599,7 +624,11 @@ class Run:
         self.check_observed_gpus()
         for lease in fresh:
             host = s.hosts[lease.host]
-            assert not any(over(s, lease.host)), (
+            # a pending reservation books what its victims still hold: where foreign VMs
+            # over-commit the host that stays over until they are gone; what it promises
+            # (its own demand, once the victims are gone) must fit
+            promised = lease.lease_id if lease.gate_seq is not None else None
+            assert not any(over(s, lease.host, promised=promised)), (
                 f"{lease.lease_id} reserved on over-committed {lease.host}"
             )
             others: Counter[int] = Counter()
@@ -825,6 +854,30 @@ class Run:
         elif d.get("reason") == "selected-host-unsuitable":
             assert expected is None or expected[0] == "none", (expected, d)
 
+    def check_event(self, item: Lifecycle | Observation, fx: Effects, pre: dict[str, Any]) -> None:
+        """Incus events move only the lease of that instance on that host (and project);
+        an observation releases only a suspect lease, and only if it is not older than
+        the inventory that missed it."""
+        lease: Lease | None = pre.get("lease")
+        here = lease is not None and lease.active and lease.host == item.host
+        unchanged = digest(self.state, with_seq=False) == pre["digest"]
+        if isinstance(item, Lifecycle):
+            moves = item.action in STATE_ACTIONS and here and lease is not None
+            if not moves or (lease is not None and lease.project != item.project):
+                assert unchanged and not fx.transitions, f"{item.action} moved {fx.transitions}"
+            return
+        if not here or lease is None or lease.suspect_revision is None:
+            assert unchanged and not fx.transitions, "an observation of no suspect lease acted"
+            return
+        released = any(
+            t.lease_id == lease.lease_id and t.to_state == "released" for t in fx.transitions
+        )
+        if released:
+            assert not item.present and item.checked_revision >= lease.suspect_revision
+        after = self.state.leases[lease.lease_id]
+        if item.present:
+            assert after.suspect_revision is None and after.state is lease.state
+
     def check_victims(self, item: Admit, d: dict[str, Any], was: State) -> None:
         """Victims were idle ready warm VMs of that host; together they make the request
         fit, and none of them can be spared (the walk-back); protected pools keep
@@ -956,13 +1009,26 @@ def pci_of(host: str, index: int) -> str:
     return str(next(g["pci_address"] for g in HOST_SPECS[host]["gpus"] if g["index"] == index))
 
 
-def host_inventory(draw: Draw, run: Run, *, host: str | None = None) -> Item:
-    host = host or some(draw, HOSTS)
+def host_inventory(
+    draw: Draw,
+    run: Run,
+    *,
+    host: str | None = None,
+    crowded: bool = False,
+    missing: str | None = None,
+) -> Item:
+    """The complete list of a host's instances: most of our leases' VMs (a missing one
+    becomes suspect), and unless strict, small foreign VMs and VMs with our tags
+    (adopted, or leftovers of released leases); ``crowded``: at least one foreign VM;
+    ``missing``: that instance is left out."""
+    busy = sorted({le.host for le in run.state.leases.values() if le.active})
+    if host is None:
+        host = some(draw, busy) if busy and draw(st.booleans()) else some(draw, HOSTS)
     s = run.state
     names: set[str] = {le.instance for le in s.active_on_host(HostName(host))}  # not foreign
     listed = []
     for lease in s.active_on_host(HostName(host)):
-        if draw(st.sampled_from([True, True, True, False])):
+        if lease.instance != missing and draw(st.sampled_from([True, True, True, False])):
             config = {}
             if draw(st.booleans()):
                 config = {
@@ -989,7 +1055,7 @@ def host_inventory(draw: Draw, run: Run, *, host: str | None = None) -> Item:
             names.add(lease.instance)
     gpus = HOST_SPECS[host]["gpus"]
     if not run.strict:
-        for _ in range(draw(st.integers(0, 2))):  # foreign VMs, kept small
+        for _ in range(draw(st.integers(1 if crowded else 0, 2))):  # foreign VMs, kept small
             name = some(draw, FOREIGN + INSTANCES)
             if name in names:
                 continue
@@ -1092,7 +1158,7 @@ def host_observation(draw: Draw, run: Run) -> Item:
         host,
         name,
         present=draw(st.booleans()),
-        checked_revision=some(draw, [rev, rev, rev + 1, max(rev - 1, 0)]),
+        checked_revision=some(draw, [rev, rev + 1, max(rev - 1, 0)]),
     )
 
 
@@ -1245,11 +1311,15 @@ def command(draw: Draw, run: Run, verb: str) -> Item:
         job = lease.job if own and lease is not None else some(draw, JOBS)
         return cmd(verb, rid, instance=name, job=job)
     if verb == "authorize-warm-drain":
-        ready = sorted(
-            le.instance for le in run.state.leases.values() if le.state is LeaseState.READY
+        ready, draining = (
+            sorted(le.instance for le in run.state.leases.values() if le.state is state)
+            for state in (LeaseState.READY, LeaseState.DRAINING)
         )
-        if ready and draw(st.booleans()):
+        pick = draw(st.sampled_from(["ready", "ready", "draining", "any"]))
+        if pick == "ready" and ready:
             return cmd(verb, rid, instance=some(draw, ready))
+        if pick == "draining" and draining:
+            return cmd(verb, rid, instance=some(draw, draining))
     return cmd(verb, rid, instance=some_instance(draw, run))
 
 
@@ -1294,8 +1364,10 @@ def fill_host(draw: Draw, run: Run, *, host: str | None = None) -> None:
     warm = sorted({le.host for le in run.state.leases.values() if idle_ready(le)})
     if host is None:
         host = some(draw, warm) if warm and draw(st.booleans()) else some(draw, hosts)
-    name = some(draw, pools)
-    for _ in range(5):
+    by_size = sorted(pools, key=lambda n: (run.state.pools[n].flavor.cpu, n))
+    # fill with the smallest flavor (no slack left), preempt for the largest
+    name = by_size[0] if draw(st.booleans()) else some(draw, pools)
+    for _ in range(6):
         free = free_instances(run)
         if not free:
             return None
@@ -1306,7 +1378,8 @@ def fill_host(draw: Draw, run: Run, *, host: str | None = None) -> None:
     if free and draw(st.sampled_from([True, True, False])):
         fields = {"host": host} if draw(st.sampled_from([True, True, False])) else {}
         rid = request_id(draw, run, fresh=True)
-        run.send(admit(rid, some(draw, pools), some(draw, free), preemptible=True, **fields))
+        big = by_size[-1] if draw(st.booleans()) else some(draw, pools)
+        run.send(admit(rid, big, some(draw, free), preemptible=True, **fields))
     return None
 
 
@@ -1332,18 +1405,58 @@ def executor(draw: Draw, run: Run) -> None:
     if not going:
         return None
     hosts = set()
-    for name, host, project in draw(st.lists(st.sampled_from(going), min_size=1, unique=True)):
+    if draw(st.booleans()):  # all of them, as an executor that keeps up would
+        chosen = going
+    else:
+        chosen = draw(st.lists(st.sampled_from(going), min_size=1, unique=True))
+    for name, host, project in chosen:
         run.send(lifecycle(host, "instance-deleted", name, project=project))
         hosts.add(host)
     for host in sorted(hosts):
-        then = draw(st.sampled_from(["snapshot", "inventory", "inventory", "nothing"]))
-        if then != "nothing":
-            item = GENERATORS[then](draw, run, host=host)
-            run.send(item)
+        then = draw(st.sampled_from(["snapshot", "inventory", "crowded", "nothing"]))
+        if then == "snapshot":
+            run.send(host_snapshot(draw, run, host=host))
+        elif then != "nothing":
+            run.send(host_inventory(draw, run, host=host, crowded=then == "crowded"))
+            if draw(st.booleans()):
+                verifier(draw, run)
+    return None
+
+
+def verifier(draw: Draw, run: Run) -> None:
+    """A macro: the leader's live GET of suspect leases, published as observations
+    (sometimes about an older inventory revision than the one that missed the VM)."""
+    suspects = sorted(
+        (le.instance, le.host, le.suspect_revision)
+        for le in run.state.leases.values()
+        if le.active and le.suspect_revision is not None
+    )
+    if not suspects:
+        return None
+    for name, host, rev in draw(st.lists(st.sampled_from(suspects), min_size=1, unique=True)):
+        checked = some(draw, [rev, rev, rev + 1, max(rev - 1, 0)])
+        run.send(observation(host, name, present=draw(st.booleans()), checked_revision=checked))
+    return None
+
+
+def vanish(draw: Draw, run: Run) -> None:
+    """A macro: a VM goes missing from its host's inventory, and the verifier looks."""
+    running = sorted(
+        (le.instance, le.host)
+        for le in run.state.leases.values()
+        if le.active and le.state is not LeaseState.RESERVED
+    )
+    if not running:
+        return None
+    name, host = some(draw, running)
+    run.send(host_inventory(draw, run, host=host, missing=name))
+    verifier(draw, run)
     return None
 
 
 GENERATORS: dict[str, Any] = {
+    "vanish": vanish,
+    "verifier": verifier,
     "executor": executor,
     "fill": fill_host,
     "contend": contend,
@@ -1378,7 +1491,7 @@ WEIGHTS = {
     "snapshot": 3,
     "inventory": 3,
     "lifecycle": 6,
-    "observation": 2,
+    "observation": 3,
     "pool": 2,
     "class": 1,
     "gpu-profile": 1,
@@ -1397,6 +1510,8 @@ WEIGHTS = {
     "fill": 2,
     "contend": 2,
     "executor": 3,
+    "verifier": 1,
+    "vanish": 2,
 }
 KIND_CHOICES = [k for k, w in WEIGHTS.items() for _ in range(w)]
 
@@ -1422,17 +1537,23 @@ def prelude(draw: Draw, run: Run) -> list[Item]:
             )
         items.append(gpu_class("gpu"))
         gpu_claim = [{"name": "gpu", "class": "gpu"}]
-        for name, priority, claims in (("p1", 0, []), ("p2", 1, []), ("p3", 0, gpu_claim)):
+        # p1 is a larger cold flavor than p2's warm VMs, so preempting takes several
+        # (and, at a higher priority, comes after them: the walk-back drops spare ones)
+        for name, priorities, claims, cpus in (
+            ("p1", [1, 0], [], [2, 3]),
+            ("p2", [0, 1], [], [1, 1, 2]),
+            ("p3", [0, 1], gpu_claim, [1, 2]),
+        ):
             items.append(
                 pool(
                     name,
-                    cpu=draw(st.integers(1, 3)),
+                    cpu=some(draw, cpus),
                     memory_mib=2048,
                     disk_gib=20,
                     max_ready=3,
                     min_ready=draw(st.integers(0, 1)),
                     max_instances=6,
-                    priority=priority,
+                    priority=some(draw, priorities),
                     protect_min_ready=draw(st.booleans()),
                     claims=claims,
                 )
@@ -1462,7 +1583,7 @@ def play(data: Any, run: Run, *, steps: int) -> Run:
 # these tests get more than the project's default timeout.
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("strict", [True, False], ids=["strict", "foreign"])
-@budget(250)
+@budget(200)
 @given(data=st.data())
 def test_every_invariant_holds_after_every_input(strict: bool, data: Any) -> None:
     """Properties 1-6 and 8 after every input; 7 at the end of the stream."""
