@@ -286,3 +286,15 @@ class Fleet:
             self.log.append(msg)
             fold(self.state, msg, fx)
         return fx
+
+
+def subject_of(item: tuple[str, dict[str, Any]], *, prefix: str = "rc") -> str:
+    """The contract subject an input item travels on."""
+    kind, payload = item
+    family, what = kind.split(".", 1)
+    if family == "host":
+        return f"{prefix}.in.host.{payload['host']}.{what}"
+    if family == "config":
+        name = payload["class"] if what == "class" else payload.get("pool") or payload["name"]
+        return f"{prefix}.in.config.{what}.{name}"
+    return f"{prefix}.in.cmd.{what}"

@@ -36,6 +36,8 @@ __all__ = ["NatsServer", "expect_reconnect", "start_nats_server"]
 
 BINARY_FALLBACKS = ("/usr/sbin/nats-server", "/usr/local/bin/nats-server")
 START_TIMEOUT_S = 10.0
+#: the test server accepts payloads up to 4 MiB, so that 2 MiB inputs reach the reconciler
+MAX_PAYLOAD = 4 * 1024 * 1024
 STOP_TIMEOUT_S = 5.0
 
 _live: set[NatsServer] = set()
@@ -88,7 +90,8 @@ class NatsServer:
 
 
 class NatsProcess(NatsServer):
-    """A ``nats-server`` child process: ``-a 127.0.0.1 -p <port> -js -sd <dir>``."""
+    """A ``nats-server`` child process: ``-a 127.0.0.1 -p <port> -js -sd <dir>``, with a
+    config file that raises ``max_payload`` to :data:`MAX_PAYLOAD`."""
 
     supports_faults = True
 
@@ -117,8 +120,12 @@ class NatsProcess(NatsServer):
         self._starts += 1
         ports_dir = self.workdir / f"ports-{self._starts}"
         ports_dir.mkdir()
+        config = self.workdir / "nats-server.conf"
+        # room for the contract's "payload over 1 MiB" dead letters (the default is 1 MiB)
+        config.write_text(f"max_payload: {MAX_PAYLOAD}\n")
         args = [
             self.binary,
+            "-c", str(config),
             "-a", "127.0.0.1",
             "-p", str(self.port if self.port is not None else -1),
             "-js", "-sd", str(self.store_dir),

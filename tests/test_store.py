@@ -537,17 +537,17 @@ async def test_opening_a_v1_database_migrates_it(tmp_path: Path) -> None:
     assert raw_rows(db, "SELECT version FROM schema_version") == [(1,)]
     assert "journal_no_update" not in schema_objects(db)
     async with await Store.open(db) as store:
-        assert await store.schema_version() == mig.LATEST == 2
+        assert await store.schema_version() == mig.LATEST
         assert_same_state(await store.load_state(), FULL_STATE)
         assert [r.payload for r in await store.unsent_outbox(10_000)] == [
             o.payload for o in FULL_FX.outputs
         ]
-    assert raw_rows(db, "SELECT version FROM schema_version") == [(2,)]
+    assert raw_rows(db, "SELECT version FROM schema_version") == [(mig.LATEST,)]
     assert {"journal_no_update", "journal_no_delete", "decisions_lease", "journal_input"} <= (
         schema_objects(db)
     )
     async with await Store.open(db) as store:  # reopening migrates nothing
-        assert await store.schema_version() == 2
+        assert await store.schema_version() == mig.LATEST
 
 
 async def test_a_database_newer_than_the_code_is_refused_untouched(tmp_path: Path) -> None:
@@ -557,10 +557,13 @@ async def test_a_database_newer_than_the_code_is_refused_untouched(tmp_path: Pat
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE schema_version SET version = ?", (mig.LATEST + 1,))
     before = db.read_bytes()
-    with pytest.raises(SchemaTooNew, match=r"schema version 3.*versions up to 2.*newer"):
+    newer, latest = mig.LATEST + 1, mig.LATEST
+    with pytest.raises(
+        SchemaTooNew, match=rf"schema version {newer}.*versions up to {latest}.*newer"
+    ):
         await Store.open(db)
     assert isinstance(SchemaTooNew("x"), StoreError)
-    assert raw_rows(db, "SELECT version FROM schema_version") == [(3,)]
+    assert raw_rows(db, "SELECT version FROM schema_version") == [(newer,)]
     assert db.read_bytes() == before
 
 
@@ -575,12 +578,12 @@ async def test_a_failing_migration_leaves_the_last_good_version(
         await conn.execute("INSERT INTO notes (text) VALUES ('half done')")
         await conn.execute("SELECT no_such_function()")
 
-    broken = mig.Migration(3, "notes", ("CREATE TABLE notes (text TEXT)", backfill))
+    broken = mig.Migration(mig.LATEST + 1, "notes", ("CREATE TABLE notes (text TEXT)", backfill))
     monkeypatch.setattr(mig, "MIGRATIONS", (*mig.MIGRATIONS, broken))
     with pytest.raises(StoreError, match="no_such_function") as info:
         await Store.open(db)
     assert isinstance(info.value.__cause__, sqlite3.Error)
-    assert raw_rows(db, "SELECT version FROM schema_version") == [(2,)]
+    assert raw_rows(db, "SELECT version FROM schema_version") == [(mig.LATEST,)]
     assert "notes" not in schema_objects(db)
     monkeypatch.undo()
     async with await Store.open(db) as store:

@@ -35,6 +35,7 @@ import orjson
 
 from reconciler.bus.schemas import SchemaSet, input_schema_path, load
 from reconciler.core.inputs import KINDS, DomainError, Input, from_payload
+from reconciler.core.state import Output
 
 __all__ = [
     "DLQ_PAYLOAD_CUT",
@@ -45,6 +46,7 @@ __all__ = [
     "Decoder",
     "Reason",
     "dead_letter",
+    "dead_letter_output",
     "decode",
     "preload",
 ]
@@ -203,6 +205,26 @@ def decode(subject: str, data: bytes, *, prefix: str = "rc") -> Decoded | BadInp
     return decoder.decode(subject, data, prefix=prefix)
 
 
+def dead_letter_output(
+    subject: str, stream_seq: int, data: bytes, reason: Reason, error: str
+) -> Output:
+    """The output (subject without prefix, as the fold's) that dead-letters one input."""
+    if reason not in REASONS:
+        raise ValueError(f"unknown dead-letter reason {reason!r}")
+    payload: dict[str, Any] = {
+        "v": 1,
+        "subject": subject,
+        "stream_seq": stream_seq,
+        "error": _clip(error),
+        "payload_b64": base64.b64encode(data[:DLQ_PAYLOAD_CUT]).decode("ascii"),
+    }
+    return Output(
+        f"out.dlq.{reason}",
+        f"dlq:{stream_seq}",
+        orjson.dumps(payload, option=orjson.OPT_SORT_KEYS),
+    )
+
+
 def dead_letter(
     subject: str,
     stream_seq: int,
@@ -213,17 +235,6 @@ def dead_letter(
     prefix: str = "rc",
 ) -> tuple[str, str, bytes]:
     """The ``(subject, Nats-Msg-Id, payload)`` that dead-letters one input message."""
-    if reason not in REASONS:
-        raise ValueError(f"unknown dead-letter reason {reason!r}")
-    payload: dict[str, Any] = {
-        "v": 1,
-        "subject": subject,
-        "stream_seq": stream_seq,
-        "error": _clip(error),
-        "payload_b64": base64.b64encode(data[:DLQ_PAYLOAD_CUT]).decode("ascii"),
-    }
-    return (
-        f"{prefix}.out.dlq.{reason}",
-        f"dlq:{stream_seq}",
-        orjson.dumps(payload, option=orjson.OPT_SORT_KEYS),
-    )
+    out = dead_letter_output(subject, stream_seq, data, reason, error)
+    assert out.msg_id is not None
+    return f"{prefix}.{out.subject}", out.msg_id, out.payload

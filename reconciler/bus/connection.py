@@ -81,6 +81,8 @@ async def connect(opts: ConnectOptions) -> Client:
     nc = Client()
 
     async def on_disconnected() -> None:
+        if nc.is_closed:  # our own close(): on_closed says so
+            return
         log.warning("nats.disconnected")
 
     async def on_reconnected() -> None:

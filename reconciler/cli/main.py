@@ -1,19 +1,241 @@
-"""The ``reconciler`` command line."""
+"""The ``reconciler`` command line (CONTRACT.md, "Command line")."""
 
 from __future__ import annotations
 
+import signal
+import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import click
+import orjson
 
+from reconciler.cli.audit import audit_lines
 from reconciler.cli.demo import run_demo
+from reconciler.cli.options import (
+    bus_options,
+    common_from,
+    db_option,
+    log_options,
+    run_options,
+)
+from reconciler.cli.overview import overview_lines
+from reconciler.controller.replay import ReplayError, replay
+from reconciler.controller.runtime import Replica, RunConfig, StartupError, default_replica_name
+from reconciler.store.errors import StoreError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="reconciler")
 def cli() -> None:
     """Admission control for self-hosted CI runners on Incus (see CONTRACT.md)."""
+
+
+# ------------------------------------------------------------------------------ run
+
+
+@cli.command()
+@bus_options
+@db_option
+@run_options
+@click.option(
+    "--replica",
+    envvar="RC_REPLICA",
+    show_envvar=True,
+    default=default_replica_name,
+    show_default="the host name",
+    help="This replica's name: its durable consumer is <PREFIX>_IN-<replica>.",
+)
+@click.option(
+    "--batch",
+    envvar="RC_BATCH",
+    show_envvar=True,
+    type=click.IntRange(min=1, max=10_000),
+    default=500,
+    show_default=True,
+    help="Input messages fetched and committed per batch at most.",
+)
+@log_options
+def run(**kwargs: Any) -> None:
+    """Run the reconciler: caches on every replica, leader work on one.
+
+    Folds the input stream into the SQLite store, answers queries, and, while it holds
+    the leader key, publishes decisions and executor commands and host/pool status.
+    SIGTERM or SIGINT stops it after the batch in hand is committed; a second one stops
+    it at once (nothing is lost either way: the next start resumes from the store).
+    """
+    common = common_from(kwargs, name="reconciler")
+    try:
+        config = RunConfig(
+            nats=common.nats,
+            prefix=common.prefix,
+            db=kwargs["db"],
+            replica=kwargs["replica"],
+            workers=kwargs["workers"],
+            batch=kwargs["batch"],
+            status_debounce_s=kwargs["status_debounce"],
+            status_progress_interval_s=kwargs["status_progress_interval"],
+            live_get_timeout_s=kwargs["live_get_timeout"],
+            leader_ttl_s=kwargs["leader_ttl"],
+            metrics_addr=kwargs["metrics_addr"],
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    try:
+        anyio.run(_run_until_signalled, config)
+    except (StartupError, StoreError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+async def _run_until_signalled(config: RunConfig) -> None:
+    replica = Replica(config)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+
+        async def on_signals() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    if stop.is_set():
+                        tg.cancel_scope.cancel()  # second signal: stop now
+                        return
+                    name = signal.Signals(signum).name
+                    click.echo(f"{name}: stopping after the batch in hand", err=True)
+                    stop.set()
+
+        tg.start_soon(on_signals)
+        await replica.run(stop=stop)
+        tg.cancel_scope.cancel()
+
+
+# --------------------------------------------------------------------------- replay
+
+
+@cli.command("replay")
+@bus_options
+@click.option(
+    "--db",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Fold into this new SQLite file and keep it (default: a database in memory).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.option(
+    "--show", type=click.IntRange(min=0), default=20, show_default=True, help="Divergences shown."
+)
+@log_options
+def replay_command(db: Path | None, as_json: bool, show: int, **kwargs: Any) -> None:
+    """Fold the input stream into a fresh database and compare every decision with the
+    output stream. Prints a digest of the state; exits 1 on any divergence."""
+    common = common_from(kwargs, name="reconciler-replay")
+    try:
+        report = anyio.run(lambda: replay(common.nats, prefix=common.prefix, db=db))
+    except (ReplayError, StoreError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(
+            orjson.dumps(
+                {
+                    "ok": report.ok,
+                    "first_seq": report.first_seq,
+                    "last_seq": report.last_seq,
+                    "inputs": report.inputs,
+                    "dead_letters": report.dead_letters,
+                    "outputs": report.outputs,
+                    "compared": report.compared,
+                    "divergences": len(report.divergences),
+                    "digest": report.digest,
+                    "details": [
+                        {
+                            "kind": d.kind,
+                            "msg_id": d.msg_id,
+                            "subject": d.subject,
+                            "expected": (d.expected or b"").decode(errors="replace"),
+                            "found": (d.found or b"").decode(errors="replace"),
+                        }
+                        for d in report.divergences[:show]
+                    ],
+                }
+            )
+        )
+    else:
+        click.echo(
+            f"replayed inputs {report.first_seq}..{report.last_seq}: {report.inputs} folded "
+            f"({report.dead_letters} dead-lettered), {report.outputs} outputs, "
+            f"{report.compared} compared with the output stream"
+        )
+        click.echo(f"state digest: {report.digest}")
+        for d in report.divergences[:show]:
+            click.secho(f"  {d.kind:<10} {d.msg_id}  ({d.subject})", fg="red")
+            if d.expected is not None:
+                click.echo(f"    replay: {d.expected.decode(errors='replace')}")
+            if d.found is not None:
+                click.echo(f"    stream: {d.found.decode(errors='replace')}")
+        if report.divergences:
+            click.secho(f"{len(report.divergences)} divergences", fg="red", bold=True)
+        else:
+            click.secho("no divergences", fg="green")
+    sys.exit(0 if report.ok else 1)
+
+
+# ---------------------------------------------------------------------------- audit
+
+
+@cli.command()
+@click.argument("identifier")
+@bus_options
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print the timeline as JSON lines.")
+@click.option(
+    "--no-inputs",
+    is_flag=True,
+    help="Do not fetch the input messages from the stream (works without NATS).",
+)
+@log_options
+def audit(identifier: str, as_json: bool, no_inputs: bool, **kwargs: Any) -> None:
+    """A lease's timeline: its inputs, transitions and decisions, with stream sequences.
+
+    IDENTIFIER is a job identity, an instance name, a lease id or a request id.
+    """
+    common = common_from(kwargs, name="reconciler-audit")
+    try:
+        lines = anyio.run(
+            lambda: audit_lines(
+                identifier,
+                db=kwargs["db"],
+                nats=None if no_inputs else common.nats,
+                prefix=common.prefix,
+                as_json=as_json,
+            )
+        )
+    except LookupError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for line in lines:
+        click.echo(line)
+
+
+# --------------------------------------------------------------------------- status
+
+
+@cli.command()
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print host and pool status as JSON lines.")
+@log_options
+def status(db: Path, as_json: bool, log_format: str, log_level: str) -> None:
+    """Hosts and pools at a glance, from the store of a (running or stopped) replica."""
+    if not db.exists():
+        raise click.ClickException(f"no store at {db} (use --db or RC_DB)")
+    try:
+        lines = anyio.run(lambda: overview_lines(db, as_json=as_json))
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for line in lines:
+        click.echo(line)
+
+
+# ----------------------------------------------------------------------------- demo
 
 
 @cli.command()

@@ -10,11 +10,12 @@ every driver error leaves as a :class:`StoreError`.
 """
 
 from reconciler.store.errors import SchemaTooNew, StoreClosed, StoreError
-from reconciler.store.sqlite import Batch, OutboxRow, Store, encode_batch
+from reconciler.store.sqlite import Batch, OutboxRow, OutboxSnapshot, Store, encode_batch
 
 __all__ = [
     "Batch",
     "OutboxRow",
+    "OutboxSnapshot",
     "SchemaTooNew",
     "Store",
     "StoreClosed",

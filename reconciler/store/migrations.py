@@ -95,9 +95,17 @@ _V2 = (
        BEGIN SELECT RAISE(ABORT, 'the journal is append-only'); END""",
 )
 
+_V3 = (
+    # every output of every input at or below published_seq is on the bus: a batch folded
+    # again at or below it (a lagging replica catching up) writes no outbox rows
+    "ALTER TABLE position ADD COLUMN published_seq INTEGER NOT NULL DEFAULT 0",
+    "CREATE INDEX outbox_input ON outbox (input_seq)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "entities, journal, outbox, position", _V1),
     Migration(2, "audit indexes; append-only journal triggers", _V2),
+    Migration(3, "published position of the outbox", _V3),
 )
 
 #: the schema version this code writes

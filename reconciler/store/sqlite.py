@@ -107,6 +107,20 @@ class OutboxRow:
 
 
 @dataclass(frozen=True, slots=True)
+class OutboxSnapshot:
+    """Unpublished outputs read in one transaction with the position they belong to.
+
+    When ``complete`` (fewer rows than asked for), ``rows`` are every unpublished output
+    of every batch up to ``applied_seq``: once they are on the bus,
+    :meth:`Store.mark_published_through` ``(applied_seq)`` is exact.
+    """
+
+    applied_seq: int
+    rows: list[OutboxRow]
+    complete: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Batch:
     """One folded batch, encoded: what :meth:`Store.write` puts in one transaction.
 
@@ -356,6 +370,10 @@ class Store:
 
         For pipelining: ``batch = encode_batch(...)`` right after folding, then fold the
         next batch while ``write(batch)`` runs on the database thread.
+
+        A batch at or below the published position (see :meth:`mark_published_through`)
+        writes no outbox rows: its outputs are already on the bus, and publishing them
+        again after the bus's duplicate window would double them.
         """
         seq = batch.applied_seq
         try:
@@ -363,7 +381,13 @@ class Store:
                 async with conn.execute(_ADVANCE, (seq, seq)) as cur:
                     if cur.rowcount != 1:
                         raise _NotAhead
+                published: int | None = None
                 for statement, params in batch.writes:
+                    if statement == _INSERT_OUTBOX:
+                        if published is None:
+                            published = await self._published_seq(conn)
+                        if seq <= published:
+                            continue
                     await conn.executemany(statement, params)
         except _NotAhead:
             return False
@@ -375,6 +399,21 @@ class Store:
             return
         async with self._transaction("mark outbox sent") as conn:
             await conn.executemany("UPDATE outbox SET sent = 1 WHERE id = ?", [(i,) for i in ids])
+
+    async def mark_published_through(self, input_seq: int) -> int:
+        """Record that every output of every input up to ``input_seq`` is on the bus.
+
+        The published position only moves forward; the outbox rows at or below it are
+        deleted (sent or not: the bus has them), and later batches at or below it write
+        none. How many rows went.
+        """
+        async with self._transaction("mark outbox published") as conn:
+            await conn.execute(
+                "UPDATE position SET published_seq = ? WHERE id = 1 AND published_seq < ?",
+                (input_seq, input_seq),
+            )
+            async with conn.execute("DELETE FROM outbox WHERE input_seq <= ?", (input_seq,)) as cur:
+                return max(cur.rowcount, 0)
 
     async def prune_outbox(self, keep_after_id: int) -> int:
         """Delete published outbox rows with ``id <= keep_after_id``; how many went.
@@ -398,6 +437,19 @@ class Store:
     @staticmethod
     async def _applied_seq(conn: aiosqlite.Connection) -> int:
         async with conn.execute("SELECT applied_seq FROM position WHERE id = 1") as cur:
+            row = await cur.fetchone()
+        if row is None:
+            raise StoreError("the position row is missing")
+        return int(row[0])
+
+    async def published_seq(self) -> int:
+        """The input sequence up to which every output is known to be on the bus."""
+        async with self._using("read published position") as conn:
+            return await self._published_seq(conn)
+
+    @staticmethod
+    async def _published_seq(conn: aiosqlite.Connection) -> int:
+        async with conn.execute("SELECT published_seq FROM position WHERE id = 1") as cur:
             row = await cur.fetchone()
         if row is None:
             raise StoreError("the position row is missing")
@@ -444,6 +496,23 @@ class Store:
             )
         return [OutboxRow(int(i), subject, msg_id, bytes(p)) for i, subject, msg_id, p in rows]
 
+    async def outbox_snapshot(self, limit: int = 1000) -> OutboxSnapshot:
+        """Up to ``limit`` unpublished outputs, oldest first, with the position, read
+        consistently (see :class:`OutboxSnapshot`)."""
+        async with self._using("read outbox") as conn:
+            await conn.execute("BEGIN")
+            try:
+                applied = await self._applied_seq(conn)
+                rows = await conn.execute_fetchall(
+                    "SELECT id, subject, msg_id, payload FROM outbox WHERE sent = 0 "
+                    "ORDER BY id LIMIT ?",
+                    (limit,),
+                )
+            finally:
+                await conn.execute("COMMIT")
+        found = [OutboxRow(int(i), subject, msg_id, bytes(p)) for i, subject, msg_id, p in rows]
+        return OutboxSnapshot(applied_seq=applied, rows=found, complete=len(found) < limit)
+
     async def lease_history(self, lease_id: str) -> list[dict[str, Any]]:
         """The journal of one lease, in order: ``input_seq, event, from_state, to_state``."""
         async with self._using("read lease history") as conn:
@@ -456,6 +525,19 @@ class Store:
             {"input_seq": seq, "event": event, "from_state": src, "to_state": dst}
             for seq, event, src, dst in rows
         ]
+
+    async def find_leases(self, identifier: str) -> list[Lease]:
+        """Every lease (active or released) that ``identifier`` names, oldest first: as
+        lease id, instance name, bound job, or the request id of a decision."""
+        async with self._using("find leases") as conn:
+            rows = await conn.execute_fetchall(
+                "SELECT lease_id, data FROM leases WHERE lease_id = ?1 OR instance = ?1 "
+                "OR job = ?1 OR lease_id IN (SELECT lease_id FROM jobs WHERE job = ?1) "
+                "OR lease_id IN (SELECT lease_id FROM decisions WHERE request_id = ?1)",
+                (identifier,),
+            )
+        leases = [_decode(Lease, data, "leases", lease_id) for lease_id, data in rows]
+        return sorted(leases, key=lambda le: (le.admitted_seq, le.lease_id))
 
     async def transitions_at(self, input_seq: int) -> list[dict[str, Any]]:
         """Every lease transition one input caused, in order (audit: "what did N do")."""
@@ -510,4 +592,4 @@ def _decode(cls: type[Any], data: str | bytes, table: str, key: str) -> Any:
         raise StoreError(f"cannot decode {table} row {key!r}: {exc}") from exc
 
 
-__all__ = ["Batch", "OutboxRow", "Store", "encode_batch"]
+__all__ = ["Batch", "OutboxRow", "OutboxSnapshot", "Store", "encode_batch"]

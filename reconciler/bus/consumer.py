@@ -1,0 +1,255 @@
+"""The input side of the bus: one durable pull consumer over the IN stream, in stream order.
+
+Rules:
+
+- The position of record is the store's applied sequence, not the consumer's ack floor.
+  :meth:`InputConsumer.start` therefore (re)creates the durable consumer to deliver from
+  a given stream sequence (``applied + 1``): a restart never waits for ``ack_wait`` to
+  expire on what a dead process held, and a lost or restored database is caught up from
+  exactly where it stands.
+- Deliveries come in stream order without gaps. A gap (a message lost between server and
+  client, a redelivery overtaking) is never folded over: :meth:`InputConsumer.fetch`
+  drops the batch from the gap on and restarts the consumer at the missing sequence.
+  A gap the stream itself has (messages aged out by ``max_age``, a purge) is accepted
+  with a warning, since nothing can bring those messages back.
+- :meth:`InputConsumer.fetch` is guarded by a watchdog: a fetch that outlives its own
+  timeout by ``watchdog_grace_s`` (a known nats-py stall after reconnects) is abandoned
+  and the consumer restarted. After the client reconnects, the next fetch restarts the
+  consumer too, because the server forgot the pull requests it had.
+- Time comes from the message's JetStream timestamp (nanoseconds, in the ack subject),
+  rendered as RFC 3339 UTC with nine fractional digits: the same text on every replica
+  and in every replay.
+- Acks and terms are plain publishes to the ack subject; they are sent only after the
+  caller committed what the messages caused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from dataclasses import dataclass
+from functools import lru_cache
+
+import anyio
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext, api
+from nats.js.errors import FetchTimeoutError, NotFoundError
+
+__all__ = [
+    "Delivery",
+    "InputConsumer",
+    "parse_ack_subject",
+    "rfc3339_nanos",
+]
+
+logger = structlog.get_logger(__name__)
+
+_ACK = b"+ACK"
+_TERM = b"+TERM"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One input message as delivered: where it sits in the stream and when it was stored."""
+
+    subject: str
+    data: bytes
+    stream_seq: int
+    #: JetStream's storage time, RFC 3339 UTC with nanoseconds
+    timestamp: str
+    #: how many times the server has delivered it (1 the first time)
+    delivered: int
+    #: the ack subject
+    reply: str
+
+
+def parse_ack_subject(reply: str) -> tuple[int, int, int]:
+    """``(stream_seq, delivered, timestamp_ns)`` from a JetStream ack subject.
+
+    Both forms are understood: ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>
+    .<ts>.<pending>`` and the newer one with domain and account hash after ``$JS.ACK``.
+    """
+    tokens = reply.split(".")
+    if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        base = 4
+    elif len(tokens) >= 12 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        base = 6
+    else:
+        raise ValueError(f"not a JetStream ack subject: {reply!r}")
+    return int(tokens[base + 1]), int(tokens[base]), int(tokens[base + 3])
+
+
+@lru_cache(maxsize=4096)
+def _second(seconds: int) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def rfc3339_nanos(timestamp_ns: int) -> str:
+    """``1764669600123456789`` → ``"2025-12-02T10:00:00.123456789Z"``."""
+    seconds, nanos = divmod(timestamp_ns, 1_000_000_000)
+    return f"{_second(seconds)}.{nanos:09d}Z"
+
+
+class InputConsumer:
+    """A durable pull consumer over the IN stream that delivers in order, gap-free."""
+
+    def __init__(
+        self,
+        nc: Client,
+        js: JetStreamContext,
+        *,
+        stream: str,
+        durable: str,
+        batch: int = 500,
+        fetch_timeout_s: float = 1.0,
+        ack_wait_s: float = 60.0,
+        watchdog_grace_s: float = 5.0,
+    ) -> None:
+        if batch < 1 or fetch_timeout_s <= 0 or ack_wait_s <= 0 or watchdog_grace_s <= 0:
+            raise ValueError("batch, fetch_timeout_s, ack_wait_s and watchdog_grace_s must be > 0")
+        self._nc = nc
+        self._js = js
+        self.stream = stream
+        self.durable = durable
+        self.batch = batch
+        self.fetch_timeout_s = fetch_timeout_s
+        self.ack_wait_s = ack_wait_s
+        self.watchdog_grace_s = watchdog_grace_s
+        self._sub: JetStreamContext.PullSubscription | None = None
+        self._next_seq = 1
+        self._reconnects_seen = 0
+        self.restarts = 0
+        self._log = logger.bind(stream=stream, consumer=durable)
+
+    @property
+    def next_seq(self) -> int:
+        """The stream sequence the next delivery must have."""
+        return self._next_seq
+
+    async def start(self, *, from_seq: int) -> None:
+        """(Re)create the durable consumer delivering from ``from_seq``, and bind to it."""
+        if from_seq < 1:
+            raise ValueError(f"from_seq must be >= 1, got {from_seq}")
+        await self._unbind()
+        with contextlib.suppress(NotFoundError):
+            await self._js.delete_consumer(self.stream, self.durable)
+        config = api.ConsumerConfig(
+            durable_name=self.durable,
+            name=self.durable,
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=from_seq,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait_s,
+            max_deliver=-1,
+            max_ack_pending=max(4 * self.batch, 1000),
+            max_waiting=16,
+            replay_policy=api.ReplayPolicy.INSTANT,
+        )
+        await self._js.add_consumer(self.stream, config=config)
+        self._sub = await self._js.pull_subscribe_bind(
+            durable=self.durable,
+            stream=self.stream,
+            pending_msgs_limit=max(8 * self.batch, 4096),
+        )
+        self._next_seq = from_seq
+        self._reconnects_seen = self._nc.stats["reconnects"]
+        self.restarts += 1
+        self._log.info("consumer.started", from_seq=from_seq)
+
+    async def close(self) -> None:
+        """Stop receiving; the durable consumer stays for the next start."""
+        await self._unbind()
+
+    async def fetch(self) -> list[Delivery]:
+        """The next deliveries, in order from :attr:`next_seq`; ``[]`` when none came in
+        ``fetch_timeout_s``. Restarts the consumer when the stream of deliveries broke."""
+        if self._sub is None:
+            raise RuntimeError("InputConsumer.fetch() before start()")
+        if self._nc.stats["reconnects"] != self._reconnects_seen:
+            self._log.info("consumer.restart", why="client reconnected", at_seq=self._next_seq)
+            await self.start(from_seq=self._next_seq)
+        sub = self._sub
+        with anyio.move_on_after(self.fetch_timeout_s + self.watchdog_grace_s) as watchdog:
+            try:
+                msgs = await sub.fetch(self.batch, timeout=self.fetch_timeout_s)
+            except (TimeoutError, NatsTimeoutError, FetchTimeoutError):
+                return []
+        if watchdog.cancelled_caught:
+            self._log.warning("consumer.restart", why="fetch stalled", at_seq=self._next_seq)
+            await self.start(from_seq=self._next_seq)
+            return []
+        return await self._in_order(msgs)
+
+    async def _in_order(self, msgs: list[Msg]) -> list[Delivery]:
+        out: list[Delivery] = []
+        for msg in msgs:
+            reply = msg.reply or ""
+            try:
+                seq, delivered, ts = parse_ack_subject(reply)
+            except ValueError:
+                self._log.warning("consumer.not_a_delivery", reply=reply)
+                continue
+            if seq < self._next_seq:
+                # already folded (a late redelivery): the caller acks it without folding
+                out.append(self._delivery(msg, seq, delivered, ts))
+                continue
+            if seq > self._next_seq and not await self._gap_is_in_stream(seq):
+                self._log.warning(
+                    "consumer.restart", why="gap in deliveries", expected=self._next_seq, got=seq
+                )
+                await self.start(from_seq=self._next_seq)
+                return out
+            out.append(self._delivery(msg, seq, delivered, ts))
+            self._next_seq = seq + 1
+        return out
+
+    async def _gap_is_in_stream(self, seq: int) -> bool:
+        """True when the stream itself no longer has ``next_seq .. seq-1``."""
+        info = await self._js.stream_info(self.stream)
+        first = int(info.state.first_seq or 0)
+        if first >= seq:
+            self._log.warning(
+                "consumer.messages_gone",
+                missing_from=self._next_seq,
+                missing_to=seq - 1,
+                stream_first_seq=first,
+            )
+            return True
+        return False
+
+    @staticmethod
+    def _delivery(msg: Msg, seq: int, delivered: int, ts: int) -> Delivery:
+        return Delivery(
+            subject=msg.subject,
+            data=msg.data,
+            stream_seq=seq,
+            timestamp=rfc3339_nanos(ts),
+            delivered=delivered,
+            reply=msg.reply,
+        )
+
+    async def ack(self, deliveries: list[Delivery]) -> None:
+        """Acknowledge deliveries whose effects are committed."""
+        for d in deliveries:
+            await self._nc.publish(d.reply, _ACK)
+
+    async def term(self, deliveries: list[Delivery]) -> None:
+        """Terminate deliveries (bad input, dead-lettered): never redelivered."""
+        for d in deliveries:
+            await self._nc.publish(d.reply, _TERM)
+
+    async def stream_last_seq(self) -> int:
+        """The stream's last sequence right now (0 when empty)."""
+        info = await self._js.stream_info(self.stream)
+        return int(info.state.last_seq or 0)
+
+    async def _unbind(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None and not self._nc.is_closed:
+            try:
+                await sub.unsubscribe()
+            except Exception as exc:  # a dead connection: nothing to undo
+                self._log.debug("consumer.unsubscribe_failed", error=str(exc))

@@ -1,0 +1,73 @@
+"""``reconciler status``: hosts and pools at a glance, read from a replica's store.
+
+The numbers are the ones the leader publishes on ``out.status.…``
+(:mod:`reconciler.core.status`), computed from the committed state; reading the store
+works whether the replica runs (SQLite's WAL lets a reader in) or not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from reconciler.core.model import HostName, PoolName
+from reconciler.core.status import host_status, pool_status
+from reconciler.store.sqlite import Store
+
+__all__ = ["overview_lines"]
+
+
+async def overview_lines(db: Path, *, as_json: bool = False) -> list[str]:
+    async with await Store.open(db) as store:
+        state = await store.load_state()
+    seq = state.applied_seq
+    hosts = [host_status(state, HostName(h), as_of_seq=seq) for h in sorted(state.hosts)]
+    pools = [pool_status(state, PoolName(p), as_of_seq=seq) for p in sorted(state.pools)]
+    if as_json:
+        return [
+            orjson.dumps({"type": kind, **row}).decode()
+            for kind, rows in (("host", hosts), ("pool", pools))
+            for row in rows
+            if row is not None
+        ]
+    lines = [f"applied up to input {seq}; {len(state.leases)} leases in the journal", ""]
+    lines.append(
+        f"{'HOST':<20} {'SCHED':<5} {'CPU free/alloc':>15} {'MEM MiB free/alloc':>21} "
+        f"{'DISK GiB free/alloc':>20} {'GPUS free':<12} LEASES"
+    )
+    for row in hosts:
+        if row is not None:
+            lines.append(_host_line(row))
+    lines.append("")
+    lines.append(
+        f"{'POOL':<20} {'READY':>5} {'BOOT':>5} {'CLAIMED':>7} {'DRAIN':>5} {'VICTIMS':>7} "
+        f"{'PENDING':>7} {'INSTANCES':>9}  WARM min/max"
+    )
+    for row in pools:
+        if row is not None:
+            lines.append(_pool_line(row))
+    return lines
+
+
+def _pair(row: dict[str, Any], key: str) -> str:
+    return f"{row['free'][key]}/{row['allocatable'][key]}"
+
+
+def _host_line(row: dict[str, Any]) -> str:
+    leases = ", ".join(f"{n} {state}" for state, n in row["leases_by_state"].items()) or "-"
+    gpus = ",".join(str(i) for i in row["gpus_free"]) or "-"
+    return (
+        f"{row['host']:<20} {'yes' if row['schedulable'] else 'no':<5} "
+        f"{_pair(row, 'cpu'):>15} {_pair(row, 'memory_mib'):>21} "
+        f"{_pair(row, 'disk_gib'):>20} {gpus:<12} {leases}"
+    )
+
+
+def _pool_line(row: dict[str, Any]) -> str:
+    return (
+        f"{row['pool']:<20} {row['ready']:>5} {row['booting']:>5} {row['claimed']:>7} "
+        f"{row['draining']:>5} {row['victims']:>7} {row['pending_requests']:>7} "
+        f"{row['instances']:>9}  {row['min_ready']}/{row['max_ready']}"
+    )

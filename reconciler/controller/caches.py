@@ -1,0 +1,335 @@
+"""The caches: every replica folds the IN stream, in order, into its SQLite store.
+
+Rules (DESIGN.md, principles 3 and 7):
+
+- A batch of deliveries is decoded and folded in stream order into the in-memory state,
+  then written in one store transaction together with its journal, its outputs (the
+  outbox) and the applied sequence; only then are its messages acknowledged (good ones
+  acked, bad ones terminated). A crash anywhere loses nothing: on restart the consumer
+  starts again after the committed position, and a message at or below it is acked
+  without being folded.
+- Folding and writing are pipelined: batch *n + 1* is fetched and folded while batch *n*
+  is written on the database thread. The state may therefore run ahead of the store by
+  at most :data:`PIPELINE_DEPTH` batches; :attr:`Caches.committed_seq` is what is durable.
+- Bad input (too large, not JSON, wrong subject or schema, domain errors) becomes a dead
+  letter in the same batch's outbox, in stream order among the decisions, and leaves the
+  state untouched. So does an input on which the fold itself fails (a bug): the state is
+  reloaded from the store, the batch is folded again up to that input, and the input is
+  dead-lettered as ``domain`` with the error. A replay meets the same error at the same
+  input and does the same, so decisions still reproduce byte for byte.
+- Every committed batch is announced to the commit listeners (the leader's workers) with
+  its effects: the keys it touched and whether it wrote outputs.
+- The caches are *synced* once the committed position reaches the stream's last sequence
+  as seen at start (``CachesSynced``); queries answer ``cache-not-ready`` before.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import orjson
+import structlog
+from anyio.abc import ObjectReceiveStream, ObjectSendStream
+
+from reconciler.bus.codec import BadInput, Decoder, dead_letter_output
+from reconciler.bus.consumer import Delivery, InputConsumer
+from reconciler.core.fold import fold
+from reconciler.core.inputs import Message
+from reconciler.core.state import Effects, State
+from reconciler.store.sqlite import Batch, Store, encode_batch
+
+__all__ = ["PIPELINE_DEPTH", "Caches", "Commit", "CommitListener", "FoldedBatch", "fold_deliveries"]
+
+logger = structlog.get_logger(__name__)
+
+#: folded batches that may wait for the writer
+PIPELINE_DEPTH = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """What one committed batch did, as told to the commit listeners."""
+
+    applied_seq: int
+    fx: Effects
+    inputs: int
+    dead_letters: int
+
+
+CommitListener = Callable[[Commit], None]
+
+
+@dataclass(slots=True)
+class FoldedBatch:
+    """Deliveries folded into the state, ready to be written and acknowledged."""
+
+    applied_seq: int
+    fx: Effects = field(default_factory=Effects)
+    #: folded and to ack; already-applied redeliveries to ack; bad ones to terminate
+    good: list[Delivery] = field(default_factory=list)
+    stale: list[Delivery] = field(default_factory=list)
+    bad: list[Delivery] = field(default_factory=list)
+    batch: Batch | None = None
+
+    @property
+    def advanced(self) -> bool:
+        return bool(self.good or self.bad)
+
+
+class FoldFailed(Exception):
+    """The fold raised on one input (a bug); the state may be half-changed."""
+
+    def __init__(self, index: int, cause: Exception) -> None:
+        super().__init__(f"fold failed at delivery {index}: {cause!r}")
+        self.index = index
+        self.cause = cause
+
+
+def fold_deliveries(
+    state: State,
+    deliveries: list[Delivery],
+    decoder: Decoder,
+    *,
+    prefix: str,
+    poisoned: frozenset[int] = frozenset(),
+) -> FoldedBatch:
+    """Decode and fold ``deliveries`` into ``state``; dead-letter bad ones.
+
+    ``poisoned`` are stream sequences known to make the fold fail: dead-lettered without
+    folding. Raises :class:`FoldFailed` when the fold fails on another one.
+    """
+    out = FoldedBatch(applied_seq=state.applied_seq)
+    fx = out.fx
+    for index, d in enumerate(deliveries):
+        seq = d.stream_seq
+        if seq <= state.applied_seq:
+            out.stale.append(d)
+            continue
+        if seq in poisoned:
+            _dead_letter(state, fx, d, "domain", "internal error: the fold failed on this input")
+            out.bad.append(d)
+            continue
+        decoded = decoder.decode(d.subject, d.data, prefix=prefix)
+        if isinstance(decoded, BadInput):
+            _dead_letter(state, fx, d, decoded.reason, decoded.error)
+            out.bad.append(d)
+            continue
+        message = Message(seq=seq, timestamp=d.timestamp, input=decoded.input, subject=d.subject)
+        try:
+            fold(state, message, fx)
+        except Exception as exc:
+            raise FoldFailed(index, exc) from exc
+        out.good.append(d)
+    out.applied_seq = state.applied_seq
+    return out
+
+
+def _dead_letter(state: State, fx: Effects, d: Delivery, reason: Any, error: str) -> None:
+    fx.outputs.append(dead_letter_output(d.subject, d.stream_seq, d.data, reason, error))
+    fx.notes.append((d.stream_seq, f"dead-lettered ({reason}): {error}"))
+    state.applied_seq = d.stream_seq
+
+
+class Caches:
+    """Consume → fold → commit → ack, for one replica."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        state: State,
+        consumer: InputConsumer,
+        decoder: Decoder,
+        prefix: str,
+        explain: bool = True,
+    ) -> None:
+        self.store = store
+        self.explain = explain
+        self.state = state
+        self.consumer = consumer
+        self.decoder = decoder
+        self.prefix = prefix
+        self.committed_seq = state.applied_seq
+        self.head_at_start = 0
+        self.synced = anyio.Event()
+        self._listeners: list[CommitListener] = []
+        self._in_flight = 0
+        self._drained = anyio.Event()
+        self._drained.set()
+        self._poisoned: set[int] = set()
+        self._stop = anyio.Event()
+        self._fetch_scope: anyio.CancelScope | None = None
+        self._log = logger.bind(consumer=consumer.durable)
+        # plain counters, read by the metrics collector at scrape time
+        self.folded = 0
+        self.batches = 0
+        self.commit_seconds = 0.0
+        self.decisions = 0
+        self.commands = 0
+        self.dead_letters: Counter[str] = Counter()
+
+    # ------------------------------------------------------------------ wiring
+
+    def add_listener(self, listener: CommitListener) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: CommitListener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def stop(self) -> None:
+        """Finish the batch in hand, commit and ack it, then return from :meth:`run`."""
+        self._stop.set()
+        if self._fetch_scope is not None:
+            self._fetch_scope.cancel()  # waiting for messages: nothing is in hand
+
+    # --------------------------------------------------------------------- run
+
+    async def run(self, *, head: int | None = None) -> None:
+        """Consume until :meth:`stop`. ``head`` is the stream's last sequence at start."""
+        self.head_at_start = head if head is not None else await self.consumer.stream_last_seq()
+        self._check_synced()
+        send, receive = anyio.create_memory_object_stream[FoldedBatch](PIPELINE_DEPTH)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._writer, receive)
+            async with send:
+                await self._reader(send)
+
+    async def _reader(self, send: ObjectSendStream[FoldedBatch]) -> None:
+        while not self._stop.is_set():
+            with anyio.CancelScope() as scope:
+                self._fetch_scope = scope
+                deliveries = await self.consumer.fetch()
+            self._fetch_scope = None
+            if scope.cancel_called or not deliveries:
+                continue
+            folded = await self._fold(deliveries)
+            if folded.advanced:
+                folded.batch = encode_batch(self.state, folded.fx, applied_seq=folded.applied_seq)
+            self._in_flight += 1
+            self._drained = anyio.Event()
+            await send.send(folded)
+
+    async def _fold(self, deliveries: list[Delivery]) -> FoldedBatch:
+        while True:
+            try:
+                return fold_deliveries(
+                    self.state,
+                    deliveries,
+                    self.decoder,
+                    prefix=self.prefix,
+                    poisoned=frozenset(self._poisoned),
+                )
+            except FoldFailed as failure:
+                await self._recover(deliveries[failure.index], failure.cause)
+
+    async def _recover(self, culprit: Delivery, cause: Exception) -> None:
+        """Drop the half-changed state: reload the committed one, remember the culprit."""
+        self._log.error(
+            "fold.failed",
+            stream_seq=culprit.stream_seq,
+            subject=culprit.subject,
+            error=repr(cause),
+            exc_info=cause,
+        )
+        await self._drained.wait()
+        self.state = await self.store.load_state()
+        self._poisoned.add(culprit.stream_seq)
+
+    async def _writer(self, receive: ObjectReceiveStream[FoldedBatch]) -> None:
+        async with receive:
+            async for folded in receive:
+                await self._commit(folded)
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._drained.set()
+
+    async def _commit(self, folded: FoldedBatch) -> None:
+        if folded.batch is not None:
+            started = time.perf_counter()
+            written = await self.store.write(folded.batch)
+            self.commit_seconds += time.perf_counter() - started
+            if not written:
+                self._log.warning("commit.not_ahead", applied_seq=folded.applied_seq)
+            self.committed_seq = max(self.committed_seq, folded.applied_seq)
+            self.batches += 1
+            self.folded += len(folded.good)
+        await self.consumer.ack(folded.good + folded.stale)
+        await self.consumer.term(folded.bad)
+        if folded.batch is None:
+            return
+        self._poisoned = {seq for seq in self._poisoned if seq > self.committed_seq}
+        self._count(folded)
+        if self.explain:
+            self._explain(folded)
+        commit = Commit(
+            applied_seq=folded.applied_seq,
+            fx=folded.fx,
+            inputs=len(folded.good) + len(folded.bad),
+            dead_letters=len(folded.bad),
+        )
+        for listener in tuple(self._listeners):
+            listener(commit)
+        self._check_synced()
+
+    def _check_synced(self) -> None:
+        if not self.synced.is_set() and self.committed_seq >= self.head_at_start:
+            self.synced.set()
+            self._log.info("caches.synced", applied_seq=self.committed_seq)
+
+    def _count(self, folded: FoldedBatch) -> None:
+        for out in folded.fx.outputs:
+            subject = out.subject
+            if subject.startswith("out.decision."):
+                self.decisions += 1
+            elif subject.startswith("out.exec."):
+                self.commands += 1
+            elif subject.startswith("out.dlq."):
+                self.dead_letters[subject[8:]] += 1
+
+    def _explain(self, folded: FoldedBatch) -> None:
+        """Log every decision of a committed batch with its reason, and every dead letter."""
+        log = self._log
+        for out in folded.fx.outputs:
+            if out.subject.startswith("out.decision."):
+                body = orjson.loads(out.payload)
+                lease = body.get("lease") or {}
+                log.info(
+                    "decision",
+                    request_id=body["request_id"],
+                    verb=body["verb"],
+                    phase=body["phase"],
+                    outcome=body["outcome"],
+                    reason=body.get("reason"),
+                    detail=body.get("detail"),
+                    instance=lease.get("instance"),
+                    host=lease.get("host"),
+                    lease_id=lease.get("lease_id"),
+                    victims=[v["instance"] for v in body.get("victims", ())] or None,
+                    input_seq=body["input_seq"],
+                )
+            elif out.subject.startswith("out.dlq."):
+                body = orjson.loads(out.payload)
+                log.warning(
+                    "dead_letter",
+                    reason=out.subject[8:],
+                    subject=body["subject"],
+                    stream_seq=body["stream_seq"],
+                    error=body["error"],
+                )
+            elif out.subject.startswith("out.exec."):
+                body = orjson.loads(out.payload)
+                log.info(
+                    "executor_command",
+                    command_id=body["command_id"],
+                    host=body["host"],
+                    instance=body["instance"],
+                    reason=body.get("reason"),
+                )
+        for seq, note in folded.fx.notes:
+            log.debug("fold.note", input_seq=seq, note=note)

@@ -1,0 +1,249 @@
+"""Replay for audit: fold the IN stream into a fresh store and compare with the OUT stream.
+
+Rules (DESIGN.md, principle 2):
+
+- The stream is folded from its first message by exactly the code ``reconciler run``
+  uses (:class:`~reconciler.controller.caches.Caches`: decoding, dead letters, the fold,
+  the store), into a fresh database (in memory unless a path is given), up to the IN
+  stream's last sequence as seen at start. Nothing is published and nothing is acked on
+  the live consumer: replay uses a consumer of its own, deleted afterwards.
+- Every output with a ``Nats-Msg-Id`` (decisions, executor commands, dead letters,
+  config rejections) is compared with the OUT stream, read up to its last sequence once
+  the fold is done. Status messages carry no id and are not compared; outputs that name
+  an input after the replayed range (``input_seq`` / ``stream_seq`` in their payload)
+  are left out, since the live reconciler decided them after the replay began.
+- A divergence is one of: ``mismatch`` (same id, other bytes), ``unexpected`` (on the
+  bus, not produced by the replay), ``missing`` (produced by the replay, not on the bus).
+  Any divergence fails the replay. On a busy stream the newest outputs may not be
+  published yet and show as ``missing``: replay an idle stream, or again.
+- A stream that no longer starts at sequence 1 (aged out by ``max_age``) cannot be
+  replayed: :class:`ReplayError`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import anyio
+import orjson
+import structlog
+from nats.aio.client import Client
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext, api
+from nats.js.errors import NotFoundError
+
+from reconciler.bus.codec import Decoder
+from reconciler.bus.connection import ConnectOptions, connect
+from reconciler.bus.consumer import InputConsumer
+from reconciler.bus.publisher import MSG_ID
+from reconciler.bus.streams import StreamNames
+from reconciler.controller.caches import Caches, Commit
+from reconciler.core.state import State
+from reconciler.store.digest import state_digest
+from reconciler.store.sqlite import Store
+
+__all__ = ["Divergence", "ReplayError", "ReplayReport", "replay", "replay_into"]
+
+logger = structlog.get_logger(__name__)
+
+Kind = Literal["mismatch", "unexpected", "missing"]
+
+
+class ReplayError(RuntimeError):
+    """The stream cannot be replayed (the message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    kind: Kind
+    msg_id: str
+    subject: str
+    expected: bytes | None
+    found: bytes | None
+
+
+@dataclass(slots=True)
+class ReplayReport:
+    first_seq: int
+    last_seq: int
+    inputs: int
+    dead_letters: int
+    outputs: int
+    compared: int
+    digest: str
+    divergences: list[Divergence] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.divergences
+
+
+async def replay(
+    opts: ConnectOptions,
+    *,
+    prefix: str = "rc",
+    db: Path | None = None,
+    batch: int = 1000,
+) -> ReplayReport:
+    """Connect, replay, compare; see the module's rules."""
+    nc = await connect(opts)
+    try:
+        return await replay_into(nc, prefix=prefix, db=db, batch=batch)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await nc.close()
+
+
+async def replay_into(
+    nc: Client, *, prefix: str = "rc", db: Path | None = None, batch: int = 1000
+) -> ReplayReport:
+    """Replay over an open connection."""
+    names = StreamNames.for_prefix(prefix)
+    js = nc.jetstream()
+    try:
+        info = (await js.stream_info(names.in_stream)).state
+        await js.stream_info(names.out_stream)
+    except NotFoundError as exc:
+        raise ReplayError(f"no streams {names.in_stream}/{names.out_stream}: {exc}") from exc
+    first, last = int(info.first_seq or 0), int(info.last_seq or 0)
+    if last and first > 1:
+        raise ReplayError(
+            f"{names.in_stream} starts at seq {first}: inputs 1..{first - 1} have aged out "
+            f"(max_age), so the state cannot be rebuilt from the stream"
+        )
+    if db is not None and await anyio.Path(db).exists():
+        raise ReplayError(f"{db} exists: replay folds into a fresh database")
+    produced: dict[str, tuple[str, bytes]] = {}
+    state, inputs, dead = await _fold_stream(
+        nc, js, names, db=db, last=last, batch=batch, produced=produced
+    )
+    report = ReplayReport(
+        first_seq=first if last else 0,
+        last_seq=last,
+        inputs=inputs,
+        dead_letters=dead,
+        outputs=len(produced),
+        compared=0,
+        digest=state_digest(state),
+    )
+    out_last = int((await js.stream_info(names.out_stream)).state.last_seq or 0)
+    await _compare(js, names, out_last=out_last, produced=produced, report=report)
+    return report
+
+
+async def _fold_stream(
+    nc: Client,
+    js: JetStreamContext,
+    names: StreamNames,
+    *,
+    db: Path | None,
+    last: int,
+    batch: int,
+    produced: dict[str, tuple[str, bytes]],
+) -> tuple[State, int, int]:
+    consumer = InputConsumer(
+        nc, js, stream=names.in_stream, durable=f"replay-{secrets.token_hex(6)}", batch=batch
+    )
+    async with await Store.open(db if db is not None else ":memory:") as store:
+        caches = Caches(
+            store=store,
+            state=State(),
+            consumer=consumer,
+            decoder=Decoder(),
+            prefix=names.prefix,
+            explain=False,
+        )
+        counts = {"inputs": 0, "dead": 0}
+
+        def collect(commit: Commit) -> None:
+            counts["inputs"] += commit.inputs
+            counts["dead"] += commit.dead_letters
+            for out in commit.fx.outputs:
+                if out.msg_id is not None and out.msg_id not in produced:
+                    produced[out.msg_id] = (out.subject, out.payload)
+            if commit.applied_seq >= last:
+                caches.stop()
+
+        caches.add_listener(collect)
+        try:
+            await consumer.start(from_seq=1)
+            if last > 0:
+                await caches.run(head=last)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await consumer.close()
+                try:
+                    await js.delete_consumer(names.in_stream, consumer.durable)
+                except Exception as exc:
+                    logger.warning("replay.consumer_not_deleted", error=repr(exc))
+        return caches.state, counts["inputs"], counts["dead"]
+
+
+async def _compare(
+    js: JetStreamContext,
+    names: StreamNames,
+    *,
+    out_last: int,
+    produced: dict[str, tuple[str, bytes]],
+    report: ReplayReport,
+) -> None:
+    seen: set[str] = set()
+    head = f"{names.prefix}."
+    if out_last > 0:
+        sub = await js.pull_subscribe(
+            names.out_subjects,
+            stream=names.out_stream,
+            config=api.ConsumerConfig(
+                ack_policy=api.AckPolicy.NONE,
+                deliver_policy=api.DeliverPolicy.ALL,
+                inactive_threshold=60.0,
+            ),
+        )
+        try:
+            seq = 0
+            while seq < out_last:
+                try:
+                    msgs = await sub.fetch(1000, timeout=2.0)
+                except (TimeoutError, NatsTimeoutError):
+                    break
+                for msg in msgs:
+                    seq = msg.metadata.sequence.stream
+                    if seq > out_last:
+                        break
+                    msg_id = (msg.headers or {}).get(MSG_ID)
+                    if msg_id is None:
+                        continue
+                    subject = msg.subject.removeprefix(head)
+                    expected = produced.get(msg_id)
+                    if expected is None and _input_seq(msg.data) > report.last_seq:
+                        continue  # decided live after the replayed range
+                    report.compared += 1
+                    seen.add(msg_id)
+                    if expected is None:
+                        report.divergences.append(
+                            Divergence("unexpected", msg_id, subject, None, msg.data)
+                        )
+                    elif expected[1] != msg.data or expected[0] != subject:
+                        report.divergences.append(
+                            Divergence("mismatch", msg_id, subject, expected[1], msg.data)
+                        )
+        finally:
+            await sub.unsubscribe()
+    for msg_id, (subject, payload) in produced.items():
+        if msg_id not in seen:
+            report.divergences.append(Divergence("missing", msg_id, subject, payload, None))
+
+
+def _input_seq(payload: bytes) -> int:
+    """The input sequence an output names (decisions, rejections, dead letters), or 0."""
+    try:
+        body = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return 0
+    if not isinstance(body, dict):
+        return 0
+    seq = body.get("input_seq", body.get("stream_seq", 0))
+    return seq if isinstance(seq, int) else 0

@@ -1,0 +1,285 @@
+"""One replica of ``reconciler run``: caches, queries and leader election, over one store.
+
+Rules (DESIGN.md, "Data flow"):
+
+- Start-up, in order: connect to NATS, create or reconcile the streams and the leader
+  bucket, open and migrate the store, load its state, refuse a store that is *ahead* of
+  the input stream (the stream was recreated: the store is of another history), start
+  the input consumer after the committed position, then run the caches, answer queries
+  and campaign for leadership, all at once.
+- The caches run on every replica for the process's lifetime. The leader's work runs
+  only while this replica holds the leader key: the outbox publisher first (the leader
+  is *ready* once the unsent outbox is on the bus), then, once the caches are synced,
+  the status reporter. Losing the key cancels that work at once.
+- A follower learns from the leader key how far the outbox is published and prunes its
+  own outbox accordingly.
+- :meth:`Replica.run` returns after ``stop`` is set: the caches finish and commit the
+  batch in hand, the leader resigns its key, and every connection is closed.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from reconciler.bus.codec import Decoder
+from reconciler.bus.connection import ConnectOptions, connect
+from reconciler.bus.consumer import InputConsumer
+from reconciler.bus.streams import (
+    DEFAULT_DUPLICATE_WINDOW_S,
+    DEFAULT_LEADER_TTL_S,
+    DEFAULT_MAX_AGE_S,
+    StreamNames,
+    ensure_streams,
+)
+from reconciler.controller.caches import Caches
+from reconciler.controller.leader import LeaderElection, Leadership
+from reconciler.controller.metrics import MetricsServer
+from reconciler.controller.outbox import OutboxPublisher
+from reconciler.controller.queries import QueryResponder
+from reconciler.controller.status import StatusReporter
+from reconciler.store.sqlite import Store
+
+__all__ = ["Replica", "RunConfig", "StartupError", "default_replica_name"]
+
+logger = structlog.get_logger(__name__)
+
+
+class StartupError(RuntimeError):
+    """The replica cannot start on what it found (the message says what to do)."""
+
+
+def default_replica_name() -> str:
+    """The host name, as a consumer-name-safe token."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:64].strip("-")
+    return name or "replica"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Everything ``reconciler run`` is configured with."""
+
+    nats: ConnectOptions = field(default_factory=ConnectOptions)
+    db: Path = Path("reconciler.db")
+    prefix: str = "rc"
+    replica: str = field(default_factory=default_replica_name)
+    workers: int = 2
+    batch: int = 500
+    status_debounce_s: float = 1.0
+    status_progress_interval_s: float = 10.0
+    live_get_timeout_s: float = 5.0
+    leader_ttl_s: float = DEFAULT_LEADER_TTL_S
+    max_age_s: float = DEFAULT_MAX_AGE_S
+    duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S
+    metrics_addr: str | None = None
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", self.replica):
+            raise ValueError(f"replica name must be 1-64 of [A-Za-z0-9_-], not {self.replica!r}")
+        if self.workers < 1 or self.batch < 1:
+            raise ValueError("workers and batch must be >= 1")
+        for name in ("status_debounce_s", "status_progress_interval_s", "live_get_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+
+
+class Replica:
+    """One running replica. Build it, then ``await run(stop=...)``."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.names = StreamNames.for_prefix(config.prefix)
+        self.started = anyio.Event()
+        self.leader_ready = False
+        self.nc: Client | None = None
+        self.js: JetStreamContext | None = None
+        self.store: Store | None = None
+        self.caches: Caches | None = None
+        self.election: LeaderElection | None = None
+        self.queries: QueryResponder | None = None
+        self.metrics: MetricsServer | None = None
+        self._head = 0
+        self._published = 0
+        self._status_published = 0
+        self._publisher: OutboxPublisher | None = None
+        self._reporter: StatusReporter | None = None
+        self._log = logger.bind(replica=config.replica, prefix=config.prefix)
+
+    # ------------------------------------------------------------------- run
+
+    async def run(self, *, stop: anyio.Event) -> None:
+        cfg = self.config
+        nc = await connect(replace(cfg.nats, name=f"reconciler-{cfg.replica}"))
+        self.nc = nc
+        try:
+            js = nc.jetstream()
+            self.js = js
+            await ensure_streams(
+                js,
+                self.names,
+                max_age_s=cfg.max_age_s,
+                duplicate_window_s=cfg.duplicate_window_s,
+                leader_ttl_s=cfg.leader_ttl_s,
+            )
+            async with await Store.open(cfg.db) as store:
+                self.store = store
+                await self._run_with(nc, js, store, stop)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await nc.close()
+
+    async def _run_with(
+        self, nc: Client, js: JetStreamContext, store: Store, stop: anyio.Event
+    ) -> None:
+        cfg = self.config
+        state = await store.load_state()
+        info = await js.stream_info(self.names.in_stream)
+        self._head = int(info.state.last_seq or 0)
+        if state.applied_seq > self._head:
+            raise StartupError(
+                f"store {cfg.db} has applied up to seq {state.applied_seq}, but stream "
+                f"{self.names.in_stream} ends at seq {self._head}: the stream was recreated. "
+                f"Move the store away to rebuild it from the stream."
+            )
+        consumer = InputConsumer(
+            nc,
+            js,
+            stream=self.names.in_stream,
+            durable=f"{self.names.in_stream}-{cfg.replica}",
+            batch=cfg.batch,
+        )
+        await consumer.start(from_seq=state.applied_seq + 1)
+        caches = Caches(
+            store=store, state=state, consumer=consumer, decoder=Decoder(), prefix=cfg.prefix
+        )
+        self.caches = caches
+        self.election = LeaderElection(
+            js, bucket=self.names.leader_bucket, holder=cfg.replica, ttl_s=cfg.leader_ttl_s
+        )
+        self.queries = QueryResponder(nc=nc, caches=caches, prefix=cfg.prefix, health=self.health)
+        await self.queries.start()
+        if cfg.metrics_addr:
+            self.metrics = MetricsServer(addr=cfg.metrics_addr, runtime=self, health=self.health)
+            await self.metrics.start()
+        self._log.info(
+            "replica.started",
+            db=str(cfg.db),
+            applied_seq=state.applied_seq,
+            stream_last_seq=self._head,
+        )
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.election.run, self._lead, self._follow, name="election")
+
+                async def stopper() -> None:
+                    await stop.wait()
+                    self._log.info("replica.stopping")
+                    caches.stop()
+
+                tg.start_soon(stopper, name="stopper")
+                self.started.set()
+                await caches.run(head=self._head)
+                tg.cancel_scope.cancel()  # the leader resigns on its way out
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.queries.stop()
+                await consumer.close()
+                if self.metrics is not None:
+                    await self.metrics.stop()
+            self._log.info("replica.stopped", applied_seq=caches.committed_seq)
+
+    # ---------------------------------------------------------------- leader
+
+    async def _lead(self, leadership: Leadership) -> None:
+        caches, store, js, nc = self.caches, self.store, self.js, self.nc
+        assert caches is not None and store is not None and js is not None and nc is not None
+        cfg = self.config
+        leadership.published_seq = await store.published_seq()
+        publisher = OutboxPublisher(store=store, js=js, prefix=cfg.prefix)
+        reporter = StatusReporter(
+            caches=caches,
+            nc=nc,
+            prefix=cfg.prefix,
+            debounce_s=cfg.status_debounce_s,
+            progress_interval_s=cfg.status_progress_interval_s,
+            workers=cfg.workers,
+        )
+        self._publisher, self._reporter = publisher, reporter
+        caches.add_listener(publisher.notify)
+        try:
+            async with anyio.create_task_group() as tg:
+                drained = anyio.Event()
+                tg.start_soon(publisher.run, leadership, drained, name="outbox")
+                await drained.wait()
+                await caches.synced.wait()
+                caches.add_listener(reporter.notify)
+                tg.start_soon(reporter.run, name="status")
+                self.leader_ready = True
+                self._log.info("leader.ready", published_seq=leadership.published_seq)
+        finally:
+            self.leader_ready = False
+            caches.remove_listener(publisher.notify)
+            caches.remove_listener(reporter.notify)
+            self._published += publisher.published
+            self._status_published += reporter.published
+            self._publisher = self._reporter = None
+
+    async def _follow(self, published_seq: int) -> None:
+        store = self.store
+        assert store is not None
+        if published_seq > await store.published_seq():
+            pruned = await store.mark_published_through(published_seq)
+            self._log.debug("follower.outbox_pruned", published_seq=published_seq, rows=pruned)
+
+    # ---------------------------------------------------------------- health
+
+    async def health(self) -> dict[str, Any]:
+        """The ``health`` query's result (CONTRACT.md), with a few additions."""
+        caches = self.caches
+        head = self._head
+        if self.js is not None:
+            try:
+                with anyio.fail_after(1.0):
+                    info = await self.js.stream_info(self.names.in_stream)
+                head = self._head = max(self._head, int(info.state.last_seq or 0))
+            except Exception as exc:
+                self._log.debug("health.stream_info_failed", error=repr(exc))
+        return {
+            "cache_ready": caches is not None,
+            "caches_synced": caches is not None and caches.synced.is_set(),
+            "leader_ready": self.leader_ready,
+            "applied_seq": caches.committed_seq if caches is not None else 0,
+            "stream_last_seq": head,
+            "replica": self.config.replica,
+            "leader": self.election is not None and self.election.leading is not None,
+        }
+
+    def facts(self) -> dict[str, Any]:
+        """Counters for the metrics collector."""
+        caches = self.caches
+        publisher, reporter = self._publisher, self._reporter
+        return {
+            "applied": caches.committed_seq if caches else 0,
+            "head": self._head,
+            "synced": int(caches is not None and caches.synced.is_set()),
+            "leader": int(self.election is not None and self.election.leading is not None),
+            "leader_ready": int(self.leader_ready),
+            "folded": caches.folded if caches else 0,
+            "batches": caches.batches if caches else 0,
+            "commit_seconds": caches.commit_seconds if caches else 0.0,
+            "dead_letters": dict(caches.dead_letters) if caches else {},
+            "decisions": caches.decisions if caches else 0,
+            "commands": caches.commands if caches else 0,
+            "published": self._published + (publisher.published if publisher else 0),
+            "status": self._status_published + (reporter.published if reporter else 0),
+            "queries": self.queries.answered if self.queries else 0,
+            "restarts": caches.consumer.restarts if caches else 0,
+        }

@@ -1,0 +1,101 @@
+"""Hosts and pools at a glance: the payloads of ``out.status.host.<host>`` and
+``out.status.pool.<pool>`` (CONTRACT.md, "Other outputs"), and the warm-pool deficit the
+leader's top-up reconciler acts on.
+
+Rules:
+
+- Everything here is a read of the state; nothing is decided or changed.
+- A host's ``booked`` counts every lease that books capacity there *and* the foreign
+  instances of its latest inventory, exactly as admission does
+  (:func:`reconciler.core.placement.booking`); so ``free`` may be negative when foreign
+  VMs over-commit the host.
+- Pool counts follow the lease states: ``ready`` = idle, claimable warm VMs; ``booting`` =
+  warm VMs reserved or created (not yet ready, not waiting at a launch gate);
+  ``claimed`` = claimed or injected; ``pending_requests`` = preemptible admissions waiting
+  at their launch gate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reconciler.core.model import HostName, LeaseKind, LeaseState, PoolName
+from reconciler.core.placement import booking
+from reconciler.core.state import State
+
+__all__ = ["host_status", "pool_status", "warm_deficit"]
+
+
+def host_status(state: State, name: HostName, *, as_of_seq: int) -> dict[str, Any] | None:
+    """The status payload of one host, or ``None`` for a host the state does not know."""
+    host = state.hosts.get(name)
+    if host is None:
+        return None
+    book = booking(state, host)
+    by_state: dict[str, int] = {}
+    for lease in state.active_on_host(name):
+        by_state[lease.state.value] = by_state.get(lease.state.value, 0) + 1
+    allocatable = host.allocatable
+    return {
+        "v": 1,
+        "host": name,
+        "uid": host.uid,
+        "schedulable": host.schedulable,
+        "allocatable": allocatable.as_dict(),
+        "booked": book.booked.as_dict(),
+        "free": (allocatable - book.booked).as_dict(),
+        "leases_by_state": dict(sorted(by_state.items())),
+        "gpus_free": sorted(g.index for g in host.gpus if g.index not in book.used_gpus),
+        "foreign_instances": len(host.foreign_instances),
+        "as_of_seq": as_of_seq,
+    }
+
+
+def pool_status(state: State, name: PoolName, *, as_of_seq: int) -> dict[str, Any] | None:
+    """The status payload of one pool, or ``None`` for a pool the state does not know."""
+    pool = state.pools.get(name)
+    if pool is None:
+        return None
+    counts = {"booting": 0, "claimed": 0, "draining": 0, "victims": 0, "pending_requests": 0}
+    for lease in state.active_in_pool(name):
+        if lease.gated:
+            counts["pending_requests"] += 1
+        elif lease.state is LeaseState.VICTIM:
+            counts["victims"] += 1
+        elif lease.state is LeaseState.DRAINING:
+            counts["draining"] += 1
+        elif lease.state in (LeaseState.CLAIMED, LeaseState.INJECTED):
+            counts["claimed"] += 1
+        elif lease.kind is LeaseKind.WARM and lease.state in (
+            LeaseState.RESERVED,
+            LeaseState.CREATED,
+        ):
+            counts["booting"] += 1
+    return {
+        "v": 1,
+        "pool": name,
+        "ready": len(state.pool_ready.get(name, ())),
+        **counts,
+        "instances": state.pool_booking.get(name, 0),
+        "min_ready": pool.warm.min_ready,
+        "max_ready": pool.warm.max_ready,
+        "max_instances": pool.max_instances,
+        "as_of_seq": as_of_seq,
+    }
+
+
+def warm_deficit(state: State, name: PoolName) -> int:
+    """How many warm VMs the pool should be asked to admit now to reach ``min_ready``.
+
+    Counts every unclaimed warm lease, booting or ready, as on its way; never asks beyond
+    ``max_ready`` unclaimed warm VMs or ``max_instances`` in all. The fold judges each
+    admission again: this is only how much to ask for.
+    """
+    pool = state.pools.get(name)
+    if pool is None:
+        return 0
+    unclaimed = state.pool_warm_unclaimed.get(name, 0)
+    wanted = pool.warm.min_ready - unclaimed
+    room_ready = pool.warm.max_ready - unclaimed
+    room_total = pool.max_instances - state.pool_booking.get(name, 0)
+    return max(0, min(wanted, room_ready, room_total))
