@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import orjson
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
 from nats.js.errors import NotFoundError
@@ -190,7 +191,7 @@ class BusClient:
         is ready, and the outbox published)."""
         with anyio.fail_after(within_s):
             while True:
-                with contextlib.suppress(NatsTimeoutError, TimeoutError):
+                with contextlib.suppress(NatsTimeoutError, NoRespondersError, TimeoutError):
                     health = (await self.query("health", within_s=1.0))["result"]
                     if (
                         health["caches_synced"]

@@ -45,7 +45,7 @@ def configure_logging(*, fmt: str = "text", level: str = "info") -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=False,  # tests reconfigure logging; hot paths pre-bind
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(

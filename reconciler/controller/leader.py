@@ -146,6 +146,7 @@ class LeaderElection:
                 async def keep() -> None:
                     nonlocal lost
                     lost = await self._renew(leadership)
+                    self.leading = None
                     tg.cancel_scope.cancel()  # leadership lost: stop the work at once
 
                 async def guarded() -> None:
