@@ -6,11 +6,13 @@ area belong in that area's test module or a helper module beside it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import nats
 import pytest
+import structlog
 from nats.aio.client import Client
 
 from tests.natsserver import NatsServer, start_nats_server
@@ -51,3 +53,14 @@ async def nc(nats_url: str) -> AsyncIterator[Client]:
         yield client
     finally:
         await client.close()
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """Commands configure logging for the whole process; undo it after each test."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    structlog.reset_defaults()
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -245,3 +245,14 @@ def test_options_are_validated_and_documented() -> None:
     assert bad.exit_code == 2 and "--leader-ttl" in bad.output
     bad = runner.invoke(cli, ["run", "--replica", "no spaces please"])
     assert bad.exit_code == 2 and "replica name" in bad.output
+
+
+def test_the_demo_runs_the_story_and_replays_it(tmp_path: Path) -> None:
+    """The README's main job, on its embedded nats-server."""
+    result = CliRunner().invoke(cli, ["demo", "--db", str(tmp_path / "demo.db"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "1 x admit-preemptible pending" in result.output
+    assert "1 x admit-preemptible final admitted" in result.output
+    assert "executor commands: {'create': 3, 'delete': 1}" in result.output
+    assert "dead letters: 2" in result.output
+    assert "replay of the input stream: no divergences, same digest" in result.output

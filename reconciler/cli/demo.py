@@ -1,28 +1,35 @@
-"""The demo: a scripted fleet folded, message by message, into a SQLite journal.
+"""The demo: a scripted fleet driven over NATS JetStream through ``reconciler run``.
 
-Every message goes the production path: JSON bytes on a contract subject → the decoder
-(size, JSON, subject, JSON Schema, domain checks) → the fold → one store transaction per
-batch (state, journal, outbox, position). At the end the database is reopened, its state
-is compared with the one in memory, and every decision is summarised.
+On a fresh machine it starts a local nats-server (JetStream in a temporary directory),
+runs one replica of the reconciler in this process (SQLite file ``--db``), and publishes
+the story below on the contract's subjects: hosts with and without GPUs, a GPU profile
+and class, two pools, warm VMs booting and a job claiming one, GPU jobs, cold jobs
+filling the CPU hosts, one preemption through its launch gate, and two bad inputs that
+are dead-lettered. Every decision is printed as it comes back on the OUT stream; at the
+end a summary, and a replay of the input stream that must reproduce every decision and
+the store's state digest.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 import click
 import orjson
+from nats.aio.msg import Msg
 
-from reconciler.bus.codec import BadInput, decode
-from reconciler.core.fold import fold
-from reconciler.core.inputs import Message
-from reconciler.core.state import Effects, State
-from reconciler.store.sqlite import Store
+from reconciler.bus.connection import ConnectOptions, connect
+from reconciler.bus.embedded import embedded_nats
+from reconciler.controller.replay import replay_into
+from reconciler.controller.runtime import Replica, RunConfig
+from reconciler.store.digest import state_digest
 
 
 def _res(cpu: int, mem: int, disk: int) -> dict[str, int]:
@@ -308,62 +315,174 @@ def script() -> Iterator[tuple[str, str, dict[str, Any] | bytes]]:
 
 @dataclass
 class Summary:
-    decisions: list[dict[str, Any]]
-    dead_letters: list[tuple[str, str]]
-    commands: Counter[str]
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    dead_letters: list[dict[str, Any]] = field(default_factory=list)
+    commands: Counter[str] = field(default_factory=Counter)
+    digest: str = ""
+    replay_divergences: int = -1
+    nats_url: str = ""
 
 
-async def run_demo(db: Path, *, echo: bool = True) -> Summary:
-    """Fold the script into ``db``; return what was decided."""
-    await anyio.Path(db).unlink(missing_ok=True)
-    state = State()
-    summary = Summary([], [], Counter())
-    seq = 0
-    async with await Store.open(db) as store:
-        for title, subject, payload in script():
-            data = payload if isinstance(payload, bytes) else orjson.dumps(payload)
-            seq += 1
-            decoded = decode(subject, data)
-            if isinstance(decoded, BadInput):
-                summary.dead_letters.append((decoded.reason, decoded.error))
-                if echo:
-                    click.secho(
-                        f"  [{seq:>3}] {title}: dead-lettered ({decoded.reason}) {decoded.error}",
-                        fg="yellow",
-                    )
-                continue
-            msg = Message(
-                seq=seq,
-                timestamp=f"2026-12-02T10:00:{seq:02d}Z",
-                input=decoded.input,
-                subject=subject,
-            )
-            fx = fold(state, msg, Effects())
-            await store.commit(state, fx, applied_seq=seq)
-            for out in fx.outputs:
-                body = orjson.loads(out.payload)
-                if out.subject.startswith("out.decision."):
-                    summary.decisions.append(body)
+async def run_demo(
+    db: Path, *, nats_url: str | None = None, echo: bool = True, prefix: str = "rc"
+) -> Summary:
+    """Run the story against ``nats_url`` (or a nats-server started here) into ``db``."""
+    for suffix in ("", "-wal", "-shm"):
+        await anyio.Path(f"{db}{suffix}").unlink(missing_ok=True)
+    with contextlib.ExitStack() as stack:
+        if nats_url is None:
+            server = stack.enter_context(embedded_nats())
+            nats_url = server.url
+            if echo:
+                click.secho(f"nats-server (JetStream) at {nats_url}, pid {server.pid}", dim=True)
+        return await _drive(db, nats_url=nats_url, echo=echo, prefix=prefix)
+
+
+async def _drive(db: Path, *, nats_url: str, echo: bool, prefix: str) -> Summary:
+    summary = Summary(nats_url=nats_url)
+    opts = ConnectOptions(urls=(nats_url,), reconnect_wait_s=0.2, initial_timeout_s=10)
+    config = RunConfig(
+        nats=opts, db=db, prefix=prefix, replica="demo", leader_ttl_s=3.0, status_debounce_s=0.2
+    )
+    replica = Replica(config)
+    stop = anyio.Event()
+    nc = await connect(ConnectOptions(urls=(nats_url,), name="demo-driver", initial_timeout_s=10))
+    try:
+        arrived: dict[str, dict[str, Any]] = {}
+        shown: set[tuple[str, str]] = set()
+        commands: list[dict[str, Any]] = []
+        changed = anyio.Event()
+
+        async def on_output(msg: Msg) -> None:
+            nonlocal changed
+            subject = msg.subject.removeprefix(f"{prefix}.")
+            body = orjson.loads(msg.data)
+            if subject.startswith("out.exec."):
+                summary.commands[subject.rsplit(".", 1)[1]] += 1
+                commands.append(body)
+            arrived[subject] = body
+            changed.set()
+            changed = anyio.Event()
+
+        await nc.subscribe(f"{prefix}.out.>", cb=on_output)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(replica.run, stop=stop))
+            with anyio.fail_after(30):
+                while not replica.leader_ready:  # noqa: ASYNC110 - a flag set by the replica
+                    await anyio.sleep(0.02)
+            if echo:
+                click.secho(f"reconciler replica 'demo' leads; store {db}\n", dim=True)
+            js = nc.jetstream()
+            for title, subject, payload in script():
+                data = payload if isinstance(payload, bytes) else orjson.dumps(payload)
+                rid = payload.get("request_id") if isinstance(payload, dict) else None
+                headers = {"Nats-Msg-Id": f"demo:{rid}"} if rid else None
+                ack = await js.publish(subject, data, headers=headers)
+                body = await _wait_for(
+                    arrived,
+                    request_id=rid,
+                    seq=ack.seq,
+                    dead_letter=isinstance(payload, bytes),
+                    changed=lambda: changed,
+                )
+                if body is None:
+                    await anyio.sleep(0.05)  # an input without an answer of its own
+                _record(summary, title, ack.seq, subject, body, echo=echo)
+                if body is not None and "request_id" in body:
+                    shown.add((body["request_id"], body["phase"]))
+                for later in _new_decisions(arrived, shown):  # e.g. a launch gate opening
+                    _record(summary, "", ack.seq, subject, later, echo=echo)
+                while commands:
+                    command = commands.pop(0)
                     if echo:
-                        _echo_decision(seq, title, body)
-                else:
-                    summary.commands[out.subject.rsplit(".", 1)[-1]] += 1
-                    if echo:
-                        click.echo(f"  [{seq:>3}]   → {out.subject} {body.get('instance', '')}")
-        reloaded = await store.load_state()
-    if reloaded.leases != state.leases or reloaded.hosts != state.hosts:
-        raise click.ClickException("state reloaded from SQLite differs from the folded state")
+                        what = command.get("reason", "create")
+                        where = f"{command['instance']} on {command['host']}"
+                        click.secho(f"        → executor command: {what} {where}", dim=True)
+            assert replica.caches is not None
+            with anyio.fail_after(30):
+                while replica.caches.committed_seq < ack.seq:  # noqa: ASYNC110
+                    await anyio.sleep(0.02)
+            await anyio.sleep(0.5)  # the outbox's last round, and the status debounce
+            summary.digest = state_digest(replica.caches.state)
+            stop.set()
+        report = await replay_into(nc, prefix=prefix)
+        summary.replay_divergences = len(report.divergences)
+        if report.digest != summary.digest:
+            raise click.ClickException("the replay's state digest differs from the store's")
+    finally:
+        await nc.close()
     return summary
 
 
-def _echo_decision(seq: int, title: str, body: dict[str, Any]) -> None:
+async def _wait_for(
+    arrived: dict[str, dict[str, Any]],
+    *,
+    request_id: str | None,
+    seq: int,
+    dead_letter: bool,
+    changed: Callable[[], anyio.Event],
+    within_s: float = 15.0,
+) -> dict[str, Any] | None:
+    """What an input caused on the bus: its dead letter, or its command's decision."""
+    with anyio.fail_after(within_s):
+        while True:
+            for subject, body in arrived.items():
+                if subject.startswith("out.dlq.") and body.get("stream_seq") == seq:
+                    return body
+            if request_id is None and not dead_letter:
+                return None
+            if f"out.decision.{request_id}" in arrived:
+                return arrived[f"out.decision.{request_id}"]
+            await changed().wait()
+
+
+def _new_decisions(
+    arrived: dict[str, dict[str, Any]], shown: set[tuple[str, str]]
+) -> list[dict[str, Any]]:
+    fresh = []
+    for subject, body in arrived.items():
+        if subject.startswith("out.decision."):
+            key = (body["request_id"], body["phase"])
+            if key not in shown:
+                shown.add(key)
+                fresh.append(body)
+    return fresh
+
+
+def _record(
+    summary: Summary,
+    title: str,
+    seq: int,
+    subject: str,
+    body: dict[str, Any] | None,
+    *,
+    echo: bool,
+) -> None:
+    label = f"{title}: " if title else ""
+    if body is None:
+        if echo and title:
+            click.echo(f"  [{seq:>3}] {title}  ({subject})")
+        return
+    if "stream_seq" in body:
+        summary.dead_letters.append(body)
+        if echo:
+            click.secho(f"  [{seq:>3}] {label}dead-lettered: {body['error']}", fg="yellow")
+        return
+    summary.decisions.append(body)
+    if echo:
+        _echo_decision(seq, label, body)
+
+
+def _echo_decision(seq: int, label: str, body: dict[str, Any]) -> None:
     lease = body.get("lease") or {}
     where = f" {lease.get('instance')}@{lease.get('host')}" if lease else ""
     gpus = f" gpus={lease['gpus']}" if lease.get("gpus") else ""
+    victims = body.get("victims")
+    preempts = f" preempting {[v['instance'] for v in victims]}" if victims else ""
     why = f" ({body['reason']})" if "reason" in body else ""
     color = {"admitted": "green", "claimed": "green", "ok": "green", "pending": "cyan"}.get(
         body["outcome"], "red"
     )
-    label = f"{title}: " if title else ""
     click.echo(f"  [{seq:>3}] {label}{body['verb']} {body['request_id']} → ", nl=False)
-    click.secho(f"{body['phase']} {body['outcome']}{why}{where}{gpus}", fg=color)
+    phase = "" if body["phase"] == body["outcome"] else f"{body['phase']} "
+    click.secho(f"{phase}{body['outcome']}{why}{where}{gpus}{preempts}", fg=color)

@@ -11,8 +11,10 @@ import anyio
 import click
 import orjson
 
+from reconciler.bus.embedded import NatsServerNotFound
 from reconciler.cli.audit import audit_lines
 from reconciler.cli.demo import run_demo
+from reconciler.cli.logs import LOG_LEVELS, configure_logging
 from reconciler.cli.options import (
     bus_options,
     common_from,
@@ -242,25 +244,56 @@ def status(db: Path, as_json: bool, log_format: str, log_level: str) -> None:
 @click.option(
     "--db",
     type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("demo.db"),
+    default=Path("reconciler-demo.db"),
     envvar="RC_DB",
     show_default=True,
-    help="SQLite file to fold the scripted fleet into (recreated).",
+    help="SQLite file of the demo's replica (recreated).",
+)
+@click.option(
+    "--nats-url",
+    envvar="RC_NATS_URL",
+    default=None,
+    help="Use this NATS server (JetStream on) instead of starting a local nats-server.",
 )
 @click.option("--quiet", is_flag=True, help="Print only the summary.")
-def demo(db: Path, quiet: bool) -> None:
-    """Fold a scripted fleet into SQLite and summarise every decision."""
-    summary = anyio.run(lambda: run_demo(db, echo=not quiet))
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="error",
+    show_default=True,
+    help="Least severe level of the replica's logs.",
+)
+def demo(db: Path, nats_url: str | None, quiet: bool, log_level: str) -> None:
+    """Drive a scripted fleet through a local reconciler over NATS, and summarise.
+
+    Starts a nats-server (unless --nats-url), runs a replica into --db, publishes hosts,
+    pools, warm and cold jobs, GPU jobs, a preemption and bad inputs, prints each
+    decision as it comes back, then replays the stream to prove every decision again.
+    """
+    configure_logging(fmt="text", level=log_level)
+    try:
+        summary = anyio.run(lambda: run_demo(db, nats_url=nats_url, echo=not quiet))
+    except NatsServerNotFound as exc:
+        raise click.ClickException(str(exc)) from exc
     outcomes: dict[str, int] = {}
     for d in summary.decisions:
-        key = f"{d['verb']} {d['phase']} {d['outcome']}"
+        key = f"{d['verb']} {d['phase']} {d['outcome']}" + (
+            f" ({d['reason']})" if "reason" in d else ""
+        )
         outcomes[key] = outcomes.get(key, 0) + 1
     click.echo("\nSummary of decisions")
     for key, n in sorted(outcomes.items()):
         click.echo(f"  {n:>3} x {key}")
-    click.echo(f"  executor commands: {dict(summary.commands)}")
+    click.echo(f"  executor commands: {dict(sorted(summary.commands.items()))}")
     click.echo(f"  dead letters: {len(summary.dead_letters)}")
-    click.echo(f"  journal: {db} (state reloaded from it equals the folded state)")
+    click.echo(f"  store: {db}, state digest {summary.digest[:16]}…")
+    verdict = "no divergences" if summary.replay_divergences == 0 else "DIVERGENCES"
+    click.secho(
+        f"  replay of the input stream: {verdict}, same digest",
+        fg="green" if summary.replay_divergences == 0 else "red",
+    )
+    if summary.replay_divergences:
+        sys.exit(1)
 
 
 def main() -> None:

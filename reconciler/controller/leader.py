@@ -165,7 +165,8 @@ class LeaderElection:
             if lost in ("cancelled", "work failed"):
                 with anyio.CancelScope(shield=True):
                     await self._resign(self._revision)
-            self._log.warning("leader.stepped_down", term=self.terms, why=lost)
+            level = self._log.info if lost == "cancelled" else self._log.warning
+            level("leader.stepped_down", term=self.terms, why=lost)
         if lost == "work failed":
             await anyio.sleep(self.ttl_s)  # let another replica try before campaigning again
 
