@@ -139,6 +139,15 @@ class BusClient:
             await sub.unsubscribe()
         return found
 
+    async def wait_outputs(
+        self, subject: str, count: int = 1, *, within_s: float = 10.0
+    ) -> list[OutMsg]:
+        """The OUT stream's messages of ``subject``, once there are at least ``count``."""
+        with anyio.fail_after(within_s):
+            while len(found := await self.outputs(subject)) < count:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        return found
+
     async def last_output(self, subject: str) -> OutMsg | None:
         try:
             m = await self.js.get_last_msg(self.names.out_stream, subject)

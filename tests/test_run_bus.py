@@ -400,3 +400,47 @@ async def test_stop_finishes_the_batch_in_hand_and_a_restart_resumes(
         assert (await bus.decision(f"r{n - 1}"))["outcome"] == "admitted"
     finals = [m.msg_id or "" for m in await bus.outputs("rc.out.decision.>")]
     assert len(finals) == len(set(finals)) == n
+
+
+async def test_the_leader_tops_warm_pools_up_through_the_fold(
+    nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    bus = BusClient(nc)
+    async with running_replica(fast_config(nats_url, tmp_path / "rc.db")) as replica:
+        await bus.send(
+            b.snapshot("h1", cpu=32, memory_mib=65536, disk_gib=500),
+            b.pool("web", cpu=4, memory_mib=8192, disk_gib=40, min_ready=2, max_ready=3),
+        )
+        creates = await bus.wait_outputs("rc.out.exec.h1.create", 2)
+        names = sorted(c.json()["instance"] for c in creates)
+        assert names == ["web-w2-0", "web-w2-1"]  # named after the pool and the sequence
+        decisions = await bus.outputs("rc.out.decision.>")
+        assert sorted(d.json()["request_id"] for d in decisions) == [
+            "topup-web-2-0",
+            "topup-web-2-1",
+        ]
+        await anyio.sleep(0.3)
+        assert len(await bus.outputs("rc.out.exec.h1.create")) == 2  # no more than asked
+        # one boots and is claimed: the pool is short again, and asks for one more
+        await bus.send(
+            b.lifecycle("h1", "instance-created", "web-w2-0"),
+            b.lifecycle("h1", "instance-ready", "web-w2-0"),
+            b.cmd("claim-warm", "k1", pool="web", job="job-1"),
+        )
+        assert (await bus.decision("k1"))["lease"]["instance"] == "web-w2-0"
+        await bus.wait_outputs("rc.out.exec.h1.create", 3)
+        assert replica.caches is not None
+        assert replica.caches.state.pool_warm_unclaimed["web"] == 2
+
+
+async def test_a_rejected_top_up_backs_off(nc: Client, nats_url: str, tmp_path: Path) -> None:
+    bus = BusClient(nc)
+    async with running_replica(fast_config(nats_url, tmp_path / "rc.db")):
+        # no host at all: every top-up is rejected
+        await bus.send(b.pool("web", min_ready=1, max_ready=1))
+        await anyio.sleep(1.5)
+        tries = [d.json() for d in await bus.outputs("rc.out.decision.>")]
+        assert tries and all(t["reason"] == "no-suitable-host" for t in tries)
+        assert len(tries) <= 4  # 0.5 s, then 1 s… not a retry per commit
+        await bus.send(b.snapshot("h1"))
+        await bus.wait_outputs("rc.out.exec.h1.create")

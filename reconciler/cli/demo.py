@@ -137,7 +137,9 @@ def script() -> Iterator[tuple[str, str, dict[str, Any] | bytes]]:
             "pool": "linux-small",
             "flavor": _res(4, 8192, 40),
             "claims": [],
-            "warm": {"min_ready": 2, "max_ready": 3, "protect_min_ready": False},
+            # min_ready 0: the story admits its warm VMs itself (the leader's top-ups
+            # would name theirs after stream sequences)
+            "warm": {"min_ready": 0, "max_ready": 3, "protect_min_ready": False},
             "max_instances": 20,
             "priority": 0,
             "host_selector": {"gpu": "no"},

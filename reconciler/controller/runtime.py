@@ -10,7 +10,8 @@ Rules (DESIGN.md, "Data flow"):
 - The caches run on every replica for the process's lifetime. The leader's work runs
   only while this replica holds the leader key: the outbox publisher first (the leader
   is *ready* once the unsent outbox is on the bus), then, once the caches are synced,
-  the status reporter. Losing the key cancels that work at once.
+  the status reporter and the warm-pool reconciler. Losing the key cancels that work at
+  once.
 - A follower learns from the leader key how far the outbox is published and prunes its
   own outbox accordingly.
 - :meth:`Replica.run` returns after ``stop`` is set: the caches finish and commit the
@@ -46,6 +47,7 @@ from reconciler.controller.metrics import MetricsServer
 from reconciler.controller.outbox import OutboxPublisher
 from reconciler.controller.queries import QueryResponder
 from reconciler.controller.status import StatusReporter
+from reconciler.controller.topup import WarmPoolReconciler
 from reconciler.store.sqlite import Store
 
 __all__ = ["Replica", "RunConfig", "StartupError", "default_replica_name"]
@@ -212,6 +214,12 @@ class Replica:
             progress_interval_s=cfg.status_progress_interval_s,
             workers=cfg.workers,
         )
+        warm = WarmPoolReconciler(
+            caches=caches,
+            js=js,
+            prefix=cfg.prefix,
+            interval_s=cfg.status_progress_interval_s,
+        )
         self._publisher, self._reporter = publisher, reporter
         caches.add_listener(publisher.notify)
         try:
@@ -221,13 +229,16 @@ class Replica:
                 await drained.wait()
                 await caches.synced.wait()
                 caches.add_listener(reporter.notify)
+                caches.add_listener(warm.notify)
                 tg.start_soon(reporter.run, name="status")
+                tg.start_soon(warm.run, name="warm-pools")
                 self.leader_ready = True
                 self._log.info("leader.ready", published_seq=leadership.published_seq)
         finally:
             self.leader_ready = False
             caches.remove_listener(publisher.notify)
             caches.remove_listener(reporter.notify)
+            caches.remove_listener(warm.notify)
             self._published += publisher.published
             self._status_published += reporter.published
             self._publisher = self._reporter = None

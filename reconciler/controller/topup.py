@@ -1,0 +1,174 @@
+"""The leader's warm-pool reconciler: keep ``min_ready`` warm VMs booting or ready per pool.
+
+Rules (DESIGN.md: the fold stays the only judge):
+
+- The reconciler never changes state and never creates a VM. For a pool short of warm VMs
+  (:func:`reconciler.core.status.warm_deficit`: below ``min_ready``, never beyond
+  ``max_ready`` unclaimed or ``max_instances`` in all) it publishes ``admit`` commands of
+  kind ``warm`` on the IN stream, exactly as any producer would; the fold admits them (or
+  not) against capacity and sends the executor its ``create`` commands.
+- Ids are deterministic: the request id ``topup-<pool>-<seq>-<i>`` and the instance
+  name derive from the pool and the applied sequence the deficit was seen at, and each
+  command carries its request id as ``Nats-Msg-Id``. Two leaders looking at the same
+  state publish the same commands, which the stream deduplicates.
+- A command published and not yet decided counts as on its way, so a pool is not asked
+  twice for the same VM while the first request travels. A new leader starts without that
+  memory: at worst it asks again, and the fold's ``max_ready`` caps the result.
+- A top-up that was rejected (no capacity, no suitable host) is not retried at once: the
+  pool's key backs off exponentially (the work queue's per-key backoff), except that a
+  change to any host (a snapshot, an inventory, a lease released there) looks again at
+  once, since room may have appeared. The backoff is forgotten after a round that is not
+  refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Callable
+
+import anyio
+import orjson
+import structlog
+from nats.js import JetStreamContext
+
+from reconciler.controller.caches import Caches, Commit
+from reconciler.controller.workqueue import TemporaryError, WorkQueue, run_workers
+from reconciler.core.model import PoolName, RequestId
+from reconciler.core.status import warm_deficit
+
+__all__ = ["WarmPoolReconciler", "topup_request_id", "warm_instance_name"]
+
+logger = structlog.get_logger(__name__)
+
+_NOT_NAME = re.compile(r"[^A-Za-z0-9-]+")
+
+
+def _base36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+        if n == 0:
+            return out
+
+
+def topup_request_id(pool: str, seq: int, index: int) -> RequestId:
+    """``topup-<pool>-<seq>-<index>``, kept within a subject token's 128 characters."""
+    request_id = f"topup-{pool}-{seq}-{index}"
+    if len(request_id) > 128:
+        digest = hashlib.sha256(pool.encode()).hexdigest()[:16]
+        request_id = f"topup-{digest}-{seq}-{index}"
+    return RequestId(request_id)
+
+
+def warm_instance_name(pool: str, seq: int, index: int) -> str:
+    """An Incus-valid instance name (1-63 of ``[A-Za-z0-9-]``, no leading or trailing
+    ``-``, not all digits) for the ``index``-th top-up of ``pool`` seen at ``seq``."""
+    suffix = f"w{_base36(seq)}-{index}"
+    stem = _NOT_NAME.sub("-", pool).strip("-")[: 62 - len(suffix)].strip("-")
+    return f"{stem}-{suffix}" if stem else suffix
+
+
+class WarmPoolReconciler:
+    """Publishes warm ``admit`` commands for pools below ``min_ready``, while leading."""
+
+    def __init__(
+        self,
+        *,
+        caches: Caches,
+        js: JetStreamContext,
+        prefix: str,
+        workers: int = 1,
+        interval_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.caches = caches
+        self.js = js
+        self.prefix = prefix
+        self.workers = workers
+        self.interval_s = interval_s
+        self.queue: WorkQueue[str] = WorkQueue(
+            name="warm-pools", clock=clock, backoff_base=0.5, backoff_cap=60.0
+        )
+        #: request id -> pool, published and not yet decided
+        self.in_flight: dict[RequestId, PoolName] = {}
+        #: pools whose last top-up was rejected (backing off)
+        self.blocked: set[PoolName] = set()
+        self.published = 0
+
+    def notify(self, commit: Commit) -> None:
+        """Commit listener: look again at every pool the batch touched or whose top-up it
+        decided, and at every pool backing off a rejection when a host changed (capacity
+        may have appeared)."""
+        for pool in commit.fx.pools:
+            self.queue.add(pool)
+        for request_id in commit.fx.decisions:
+            decided = self.in_flight.get(request_id)
+            if decided is not None:  # one of ours was decided: settle it
+                self.queue.add(decided)
+        if commit.fx.hosts:
+            for pool in self.blocked:
+                self.queue.add(pool)
+
+    async def run(self) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._sweep)
+                await run_workers(self.queue, self.reconcile, workers=self.workers)
+        finally:
+            self.queue.shutdown()
+
+    async def _sweep(self) -> None:
+        while True:
+            for pool in sorted(self.caches.state.pools):
+                self.queue.add(pool)
+            await anyio.sleep(self.interval_s)
+
+    async def reconcile(self, pool_name: str) -> None:
+        """One look at one pool: publish the admits its deficit calls for."""
+        state = self.caches.state
+        pool = PoolName(pool_name)
+        rejected = self._settle(pool)
+        if rejected:
+            self.blocked.add(pool)
+            raise TemporaryError(f"warm top-up of pool {pool} rejected: {rejected}")
+        self.blocked.discard(pool)
+        travelling = sum(1 for p in self.in_flight.values() if p == pool)
+        wanted = warm_deficit(state, pool) - travelling
+        if wanted <= 0:
+            return
+        seq = state.applied_seq
+        for index in range(wanted):
+            request_id = topup_request_id(pool, seq, index)
+            payload = {
+                "v": 1,
+                "request_id": request_id,
+                "pool": pool,
+                "instance": warm_instance_name(pool, seq, index),
+                "kind": "warm",
+            }
+            await self.js.publish(
+                f"{self.prefix}.in.cmd.admit",
+                orjson.dumps(payload),
+                headers={"Nats-Msg-Id": f"in:{request_id}"},
+            )
+            self.in_flight[request_id] = pool
+            self.published += 1
+        logger.info("warm_pool.top_up", pool=pool, requested=wanted, at_seq=seq)
+
+    def _settle(self, pool: PoolName) -> str | None:
+        """Forget this pool's decided top-ups; the reason of a rejected one, if any."""
+        decisions = self.caches.state.decisions
+        rejected = None
+        for request_id in [r for r, p in self.in_flight.items() if p == pool]:
+            record = decisions.get(request_id)
+            if record is None:
+                continue
+            del self.in_flight[request_id]
+            body = orjson.loads(record.payload)
+            if body.get("outcome") == "rejected":
+                rejected = str(body.get("reason"))
+        return rejected
