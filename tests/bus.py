@@ -196,17 +196,20 @@ class BusClient:
         return reply["result"]
 
     async def wait_caught_up(self, *, within_s: float = 15.0, leader: bool = True) -> None:
-        """Until a replica's committed position reaches the stream's head (and a leader
-        is ready, and the outbox published)."""
+        """Until a replica's committed position reaches the stream's head and, with
+        ``leader``, the leader has published every output up to it."""
         with anyio.fail_after(within_s):
             while True:
                 with contextlib.suppress(NatsTimeoutError, NoRespondersError, TimeoutError):
                     health = (await self.query("health", within_s=1.0))["result"]
-                    if (
+                    caught_up = (
                         health["caches_synced"]
                         and health["applied_seq"] >= health["stream_last_seq"]
-                        and (health["leader_ready"] or not leader)
-                    ):
+                    )
+                    published = health["leader_ready"] and (
+                        health["published_seq"] >= health["applied_seq"]
+                    )
+                    if caught_up and (published or not leader):
                         return
                 await anyio.sleep(0.02)
 

@@ -253,7 +253,9 @@ class Replica:
     # ---------------------------------------------------------------- health
 
     async def health(self) -> dict[str, Any]:
-        """The ``health`` query's result (CONTRACT.md), with a few additions."""
+        """The ``health`` query's result (CONTRACT.md), with additions: this replica's
+        name, whether it leads, and ``published_seq`` (every output of every input up to
+        it is on the bus)."""
         caches = self.caches
         head = self._head
         if self.js is not None:
@@ -271,7 +273,16 @@ class Replica:
             "stream_last_seq": head,
             "replica": self.config.replica,
             "leader": self.election is not None and self.election.leading is not None,
+            "published_seq": await self._published_seq(),
         }
+
+    async def _published_seq(self) -> int:
+        """How far every output is known to be on the bus (the leader's own count)."""
+        election = self.election
+        leading = election.leading if election is not None else None
+        if leading is not None:
+            return leading.published_seq
+        return await self.store.published_seq() if self.store is not None else 0
 
     def facts(self) -> dict[str, Any]:
         """Counters for the metrics collector."""
