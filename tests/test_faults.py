@@ -44,11 +44,13 @@ def spawn_run(nats_url: str, db: Path, log: Path) -> subprocess.Popen[bytes]:
         )  # fmt: skip
 
 
-async def publish_paced(bus: BusClient, load: Workload, *, chunk: int = 100) -> None:
+async def publish_paced(
+    bus: BusClient, load: Workload, *, chunk: int = 100, every_s: float = 0.1
+) -> None:
     """The workload in chunks, so the reconciler is busy while it is being killed."""
     for start in range(0, len(load.items), chunk):
         await bus.send_many(load.items[start : start + chunk])
-        await anyio.sleep(0.05)
+        await anyio.sleep(every_s)
 
 
 async def check_exactly_once(bus: BusClient, load: Workload, db: Path) -> None:
@@ -81,26 +83,34 @@ async def test_sigkill_at_random_points_loses_and_doubles_nothing(
     await bus.send_many(load.setup)
     db, log = tmp_path / "rc.db", tmp_path / "run.log"
     rng = random.Random(5)
-    behind_at_kill = []
+    producing = anyio.Event()  # set when the producer is done
+    at_kill: list[tuple[bool, int]] = []  # (producer still publishing, inputs not committed)
+
+    async def produce() -> None:
+        await publish_paced(bus, load)
+        producing.set()
+
     async with anyio.create_task_group() as tg:
-        tg.start_soon(publish_paced, bus, load)
+        tg.start_soon(produce)
         proc = spawn_run(nats_url, db, log)
         try:
             for _ in range(5):
-                await anyio.sleep(rng.uniform(0.8, 1.8))
+                await anyio.sleep(rng.uniform(0.8, 1.6))
                 proc.send_signal(signal.SIGKILL)
                 await anyio.to_thread.run_sync(proc.wait)
                 async with await Store.open(db) as store:
                     applied = await store.applied_seq()
                 head = (await bus.js.stream_info("RC_IN")).state.last_seq
-                behind_at_kill.append(head - applied)
+                at_kill.append((not producing.is_set(), head - applied))
                 proc = spawn_run(nats_url, db, log)
+            await producing.wait()
             await bus.wait_caught_up(within_s=120)
         finally:
             proc.send_signal(signal.SIGTERM)
             assert await anyio.to_thread.run_sync(proc.wait) == 0, log.read_text()[-4000:]
-    # killed while it had work in hand, not after the load was done
-    assert sum(1 for behind in behind_at_kill if behind > 0) >= 3, behind_at_kill
+    # every kill came while the load was still arriving, some with inputs in hand
+    assert all(during for during, _ in at_kill), at_kill
+    assert any(behind > 0 for _, behind in at_kill), at_kill
     await check_exactly_once(bus, load, db)
 
 
