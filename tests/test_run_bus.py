@@ -21,6 +21,7 @@ from reconciler.store.digest import state_digest
 from reconciler.store.sqlite import Store
 from tests import builders as b
 from tests.bus import BusClient, fast_config, running_replica
+from tests.natsserver import NatsServer
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -444,3 +445,19 @@ async def test_a_rejected_top_up_backs_off(nc: Client, nats_url: str, tmp_path: 
         assert len(tries) <= 4  # 0.5 s, then 1 s… not a retry per commit
         await bus.send(b.snapshot("h1"))
         await bus.wait_outputs("rc.out.exec.h1.create")
+
+
+async def test_the_line_waits_out_a_frozen_nats_server(
+    nc: Client, nats_server: NatsServer, nats_url: str, tmp_path: Path
+) -> None:
+    if not nats_server.supports_faults:
+        pytest.skip("the NATS server cannot be paused here")
+    bus = BusClient(nc)
+    async with running_replica(fast_config(nats_url, tmp_path / "rc.db")):
+        await bus.send(*fleet(), b.admit("a1", "web", "vm-1"))
+        await bus.decision("a1")
+        await anyio.to_thread.run_sync(nats_server.pause)
+        await anyio.sleep(4)  # fetches time out, the watchdog and the leader key lapse
+        await anyio.to_thread.run_sync(nats_server.resume)
+        await bus.send(b.admit("a2", "web", "vm-2"))
+        assert (await bus.decision("a2", within_s=20))["outcome"] == "admitted"

@@ -15,7 +15,9 @@ Rules:
 - :meth:`InputConsumer.fetch` is guarded by a watchdog: a fetch that outlives its own
   timeout by ``watchdog_grace_s`` (a known nats-py stall after reconnects) is abandoned
   and the consumer restarted. After the client reconnects, the next fetch restarts the
-  consumer too, because the server forgot the pull requests it had.
+  consumer too, because the server forgot the pull requests it had. Trouble on the way
+  (NATS unreachable, a restart refused) is logged and retried, never raised: the line
+  waits for NATS instead of stopping.
 - Time comes from the message's JetStream timestamp (nanoseconds, in the ack subject),
   rendered as RFC 3339 UTC with nine fractional digits: the same text on every replica
   and in every replay.
@@ -121,6 +123,8 @@ class InputConsumer:
         self._sub: JetStreamContext.PullSubscription | None = None
         self._next_seq = 1
         self._reconnects_seen = 0
+        #: why the consumer must be restarted before the next fetch, if it must
+        self._broken: str | None = None
         self.restarts = 0
         self._log = logger.bind(stream=stream, consumer=durable)
 
@@ -154,6 +158,7 @@ class InputConsumer:
             stream=self.stream,
             pending_msgs_limit=max(8 * self.batch, 4096),
         )
+        self._broken = None
         self._next_seq = from_seq
         self._reconnects_seen = self._nc.stats["reconnects"]
         self.restarts += 1
@@ -165,23 +170,48 @@ class InputConsumer:
 
     async def fetch(self) -> list[Delivery]:
         """The next deliveries, in order from :attr:`next_seq`; ``[]`` when none came in
-        ``fetch_timeout_s``. Restarts the consumer when the stream of deliveries broke."""
-        if self._sub is None:
-            raise RuntimeError("InputConsumer.fetch() before start()")
-        if self._nc.stats["reconnects"] != self._reconnects_seen:
-            self._log.info("consumer.restart", why="client reconnected", at_seq=self._next_seq)
-            await self.start(from_seq=self._next_seq)
+        ``fetch_timeout_s``. Restarts the consumer when the stream of deliveries broke.
+
+        Never raises for trouble on the way (NATS unreachable, a restart refused): it
+        logs, waits ``fetch_timeout_s`` and returns ``[]``, and the next call tries again.
+        """
+        if self._broken is None and self._nc.stats["reconnects"] != self._reconnects_seen:
+            self._broken = "client reconnected"
+        needs_restart = self._broken is not None or self._sub is None
+        if needs_restart and not await self._restart(self._broken or "not started"):
+            return []
         sub = self._sub
+        assert sub is not None
         with anyio.move_on_after(self.fetch_timeout_s + self.watchdog_grace_s) as watchdog:
             try:
                 msgs = await sub.fetch(self.batch, timeout=self.fetch_timeout_s)
             except (TimeoutError, NatsTimeoutError, FetchTimeoutError):
                 return []
+            except Exception as exc:  # connection closed or draining, a JetStream error
+                self._log.warning("consumer.fetch_failed", error=repr(exc), at_seq=self._next_seq)
+                self._broken = f"fetch failed: {exc!r}"
+                await anyio.sleep(self.fetch_timeout_s)
+                return []
         if watchdog.cancelled_caught:
-            self._log.warning("consumer.restart", why="fetch stalled", at_seq=self._next_seq)
-            await self.start(from_seq=self._next_seq)
+            self._broken = "fetch stalled"
             return []
-        return await self._in_order(msgs)
+        try:
+            return await self._in_order(msgs)
+        except Exception as exc:  # the gap check could not ask the stream
+            self._log.warning("consumer.order_check_failed", error=repr(exc))
+            self._broken = "order check failed"
+            return []
+
+    async def _restart(self, why: str) -> bool:
+        self._log.info("consumer.restart", why=why, at_seq=self._next_seq)
+        try:
+            with anyio.fail_after(self.fetch_timeout_s + self.watchdog_grace_s):
+                await self.start(from_seq=self._next_seq)
+        except Exception as exc:
+            self._log.warning("consumer.restart_failed", error=repr(exc), at_seq=self._next_seq)
+            await anyio.sleep(self.fetch_timeout_s)
+            return False
+        return True
 
     async def _in_order(self, msgs: list[Msg]) -> list[Delivery]:
         out: list[Delivery] = []
@@ -197,10 +227,8 @@ class InputConsumer:
                 out.append(self._delivery(msg, seq, delivered, ts))
                 continue
             if seq > self._next_seq and not await self._gap_is_in_stream(seq):
-                self._log.warning(
-                    "consumer.restart", why="gap in deliveries", expected=self._next_seq, got=seq
-                )
-                await self.start(from_seq=self._next_seq)
+                self._log.warning("consumer.gap", expected=self._next_seq, got=seq)
+                self._broken = "gap in deliveries"
                 return out
             out.append(self._delivery(msg, seq, delivered, ts))
             self._next_seq = seq + 1
@@ -233,13 +261,20 @@ class InputConsumer:
 
     async def ack(self, deliveries: list[Delivery]) -> None:
         """Acknowledge deliveries whose effects are committed."""
-        for d in deliveries:
-            await self._nc.publish(d.reply, _ACK)
+        await self._reply(deliveries, _ACK)
 
     async def term(self, deliveries: list[Delivery]) -> None:
         """Terminate deliveries (bad input, dead-lettered): never redelivered."""
-        for d in deliveries:
-            await self._nc.publish(d.reply, _TERM)
+        await self._reply(deliveries, _TERM)
+
+    async def _reply(self, deliveries: list[Delivery], verdict: bytes) -> None:
+        # Best effort: the store's position, not the ack, decides what is folded next,
+        # so an ack lost with the connection costs nothing but a redelivery skipped later.
+        try:
+            for d in deliveries:
+                await self._nc.publish(d.reply, verdict)
+        except Exception as exc:
+            self._log.warning("consumer.ack_failed", error=repr(exc), count=len(deliveries))
 
     async def stream_last_seq(self) -> int:
         """The stream's last sequence right now (0 when empty)."""
