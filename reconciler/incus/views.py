@@ -22,13 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.core.model import TAG_JOB, TAG_KIND, TAG_LEASE_ID, TAG_POOL, ZERO, Resources
+from reconciler.core.model import TAG_JOB, TAG_KIND, TAG_LEASE_ID, TAG_POOL, ZERO, Gpu, Resources
 from reconciler.incus import units
 
 __all__ = [
     "DEFAULT_VM_DEMAND",
     "KNOWN_GPU_MEMORY_MIB",
-    "GpuView",
     "HostResources",
     "InstanceSpec",
     "InstanceView",
@@ -68,32 +67,15 @@ class ServerInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GpuView:
-    index: int
-    vendor: str
-    model: str
-    memory_mib: int
-    pci_address: str
-    numa_node: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "vendor": self.vendor,
-            "model": self.model,
-            "memory_mib": self.memory_mib,
-            "pci_address": self.pci_address,
-            "numa_node": self.numa_node,
-        }
-
-
-@dataclass(frozen=True, kw_only=True)
 class HostResources:
-    """``GET /1.0/resources``: CPU threads, memory and GPUs (disk is a storage pool's)."""
+    """``GET /1.0/resources``: CPU threads, memory and GPUs (the core's :class:`Gpu`).
+
+    Disk is a storage pool's (:meth:`~reconciler.incus.client.IncusHost.storage_total_gib`).
+    """
 
     cpu: int
     memory_mib: int
-    gpus: tuple[GpuView, ...] = ()
+    gpus: tuple[Gpu, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,13 +196,13 @@ def server_info(metadata: Mapping[str, Any]) -> ServerInfo:
     )
 
 
-def _gpu(card: Mapping[str, Any], index: int, memory_table: Mapping[str, int]) -> GpuView:
+def _gpu(card: Mapping[str, Any], index: int, memory_table: Mapping[str, int]) -> Gpu:
     vendor_id = str(card.get("vendor_id", "")).lower()
     vendor = _VENDORS_BY_ID.get(vendor_id, str(card.get("vendor", "")).lower())
     nvidia = card.get("nvidia") or {}
     model = str(nvidia.get("model") or card.get("product") or "")
     numa = card.get("numa_node")
-    return GpuView(
+    return Gpu(
         index=index,
         vendor=vendor,
         model=model,
