@@ -1,0 +1,80 @@
+"""Fixtures for the Incus simulator and the pylxd adapter.
+
+Every test gets a fresh fleet with short timings (boot 50 ms, operations kept 0.3 s,
+pings every 0.2 s) on unix sockets in a short temporary directory (AF_UNIX paths are
+limited to 107 bytes, pytest's ``tmp_path`` can be longer). ``sim_thread`` runs the
+fleet on its own loop for blocking pylxd calls made directly from a test.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from reconciler.incus.client import IncusEndpoint, IncusHost
+from reconciler.incus.simulator import (
+    Fleet,
+    FleetOptions,
+    Listen,
+    SimulatorThread,
+    default_fleet,
+)
+
+FAST = FleetOptions(
+    boot_delay_s=0.05,
+    operation_retention_s=0.3,
+    ping_interval_s=0.2,
+)
+PROJECTS = ("ci",)
+GPU_HOST = "host-04"  # every 4th default host has 4 GPUs on 2 NUMA nodes
+CPU_HOST = "host-01"
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="sim-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def make_fleet(socket_dir: Path, *, options: FleetOptions = FAST, hosts: int = 4) -> Fleet:
+    return Fleet(
+        default_fleet(hosts, projects=PROJECTS),
+        listen=Listen(kind="unix", directory=socket_dir),
+        options=options,
+        fleet_file=socket_dir / "fleet.json",
+    )
+
+
+@pytest.fixture
+async def fleet(socket_dir: Path) -> AsyncIterator[Fleet]:
+    """A started four-host fleet on this test's event loop."""
+    async with make_fleet(socket_dir) as running:
+        yield running
+
+
+@pytest.fixture
+async def gpu_host(fleet: Fleet) -> AsyncIterator[IncusHost]:
+    """The adapter for the fleet's GPU host."""
+    host = IncusHost(
+        IncusEndpoint(host=GPU_HOST, url=fleet.endpoints[GPU_HOST]),
+        request_timeout_s=5.0,
+        operation_timeout_s=5.0,
+    )
+    try:
+        yield host
+    finally:
+        await host.aclose()
+
+
+@pytest.fixture
+def sim_thread(socket_dir: Path) -> Iterator[SimulatorThread]:
+    """A started fleet on its own loop and thread, for blocking pylxd calls."""
+    with SimulatorThread(make_fleet(socket_dir)) as running:
+        yield running
