@@ -8,11 +8,13 @@ fleet on its own loop for blocking pylxd calls made directly from a test.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from reconciler.incus.client import IncusEndpoint, IncusHost
@@ -78,3 +80,21 @@ def sim_thread(socket_dir: Path) -> Iterator[SimulatorThread]:
     """A started fleet on its own loop and thread, for blocking pylxd calls."""
     with SimulatorThread(make_fleet(socket_dir)) as running:
         yield running
+
+
+@contextlib.asynccontextmanager
+async def unix_http(fleet: Fleet, host: str) -> AsyncIterator[aiohttp.ClientSession]:
+    """A raw aiohttp client on ``host``'s unix socket (paths relative to the API root)."""
+    socket = fleet.socket(host)
+    assert socket is not None
+    async with aiohttp.ClientSession(
+        "http://localhost", connector=aiohttp.UnixConnector(path=str(socket))
+    ) as session:
+        yield session
+
+
+@pytest.fixture
+async def http(fleet: Fleet) -> AsyncIterator[aiohttp.ClientSession]:
+    """A raw HTTP client on the CPU host."""
+    async with unix_http(fleet, CPU_HOST) as session:
+        yield session

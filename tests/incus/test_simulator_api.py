@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -16,17 +15,6 @@ ENVELOPE_FIELDS = {"type", "status", "status_code", "operation", "error_code", "
 IMAGE = {"type": "image", "alias": "debian/13"}
 
 
-@pytest.fixture
-async def http(fleet: Fleet) -> AsyncIterator[aiohttp.ClientSession]:
-    """A raw HTTP client on host-01's unix socket."""
-    socket = fleet.socket(CPU_HOST)
-    assert socket is not None
-    async with aiohttp.ClientSession(
-        "http://localhost", connector=aiohttp.UnixConnector(path=str(socket))
-    ) as session:
-        yield session
-
-
 async def call(
     http: aiohttp.ClientSession, method: str, path: str, body: Any = None, **params: Any
 ) -> tuple[int, dict[str, Any], dict[str, str]]:
@@ -34,25 +22,32 @@ async def call(
         return response.status, await response.json(), dict(response.headers)
 
 
-async def wait(http: aiohttp.ClientSession, answer: dict[str, Any], timeout: int = 5) -> dict[str, Any]:
-    status, body, _ = await call(http, "GET", f"{answer['operation']}/wait", timeout=timeout)
+async def wait(http: aiohttp.ClientSession, answer: dict[str, Any]) -> dict[str, Any]:
+    status, body, _ = await call(http, "GET", f"{answer['operation']}/wait", timeout=5)
     assert status == 200 and body["type"] == "sync"
     return body["metadata"]
 
 
-async def create(http: aiohttp.ClientSession, name: str, project: str = "default",
-                 **extra: Any) -> dict[str, Any]:
-    status, body, _ = await call(http, "POST", "/1.0/instances",
-                                 {"name": name, "type": "virtual-machine", "source": IMAGE, **extra},
-                                 project=project)
+async def create(
+    http: aiohttp.ClientSession, name: str, project: str = "default", **extra: Any
+) -> dict[str, Any]:
+    status, body, _ = await call(
+        http,
+        "POST",
+        "/1.0/instances",
+        {"name": name, "type": "virtual-machine", "source": IMAGE, **extra},
+        project=project,
+    )
     assert status == 202, body
     return await wait(http, body)
 
 
-async def state(http: aiohttp.ClientSession, name: str, action: str, project: str = "default",
-                **extra: Any) -> dict[str, Any]:
-    status, body, _ = await call(http, "PUT", f"/1.0/instances/{name}/state",
-                                 {"action": action, **extra}, project=project)
+async def state(
+    http: aiohttp.ClientSession, name: str, action: str, project: str = "default", **extra: Any
+) -> dict[str, Any]:
+    status, body, _ = await call(
+        http, "PUT", f"/1.0/instances/{name}/state", {"action": action, **extra}, project=project
+    )
     assert status == 202, body
     return await wait(http, body)
 
@@ -65,16 +60,21 @@ async def test_sync_envelope_has_all_seven_fields(http: aiohttp.ClientSession) -
     assert status == 200 and headers["Content-Type"].startswith("application/json")
     assert set(body) == ENVELOPE_FIELDS
     assert {k: body[k] for k in ENVELOPE_FIELDS - {"metadata"}} == {
-        "type": "sync", "status": "Success", "status_code": 200, "operation": "",
-        "error_code": 0, "error": "",
+        "type": "sync",
+        "status": "Success",
+        "status_code": 200,
+        "operation": "",
+        "error_code": 0,
+        "error": "",
     }
     assert body["metadata"]["auth"] == "trusted"
     assert body["metadata"]["environment"]["server_name"] == CPU_HOST
 
 
 async def test_async_envelope_holds_a_running_operation(http: aiohttp.ClientSession) -> None:
-    status, body, headers = await call(http, "POST", "/1.0/instances",
-                                       {"name": "a1", "type": "virtual-machine", "source": IMAGE})
+    status, body, headers = await call(
+        http, "POST", "/1.0/instances", {"name": "a1", "type": "virtual-machine", "source": IMAGE}
+    )
     assert status == 202 and set(body) == ENVELOPE_FIELDS
     op = body["metadata"]
     assert body["type"] == "async" and body["status"] == "Operation created"
@@ -82,14 +82,23 @@ async def test_async_envelope_holds_a_running_operation(http: aiohttp.ClientSess
     assert headers["Location"] == body["operation"] == f"/1.0/operations/{op['id']}"
     assert (op["status"], op["status_code"], op["class"]) == ("Running", 103, "task")
     assert op["resources"] == {"instances": ["/1.0/instances/a1"]}
-    assert op["description"] == "Creating instance" and op["err"] == "" and op["may_cancel"] is False
+    assert (
+        op["description"] == "Creating instance" and op["err"] == "" and op["may_cancel"] is False
+    )
 
 
 async def test_error_envelope_status_is_the_error_code(http: aiohttp.ClientSession) -> None:
     status, body, _ = await call(http, "GET", "/1.0/instances/missing")
     assert status == 404 and set(body) == ENVELOPE_FIELDS
-    assert body == {"type": "error", "status": "", "status_code": 0, "operation": "",
-                    "error_code": 404, "error": "Instance not found", "metadata": None}
+    assert body == {
+        "type": "error",
+        "status": "",
+        "status_code": 0,
+        "operation": "",
+        "error_code": 404,
+        "error": "Instance not found",
+        "metadata": None,
+    }
     status, body, _ = await call(http, "GET", "/1.0/nothing-here")
     assert (status, body["error"]) == (404, "not found")
     status, body, _ = await call(http, "POST", "/1.0/resources")
@@ -110,11 +119,13 @@ async def test_wait_reports_failure_only_in_the_operation(http: aiohttp.ClientSe
     assert op["err"] == "The instance is already stopped"
 
 
-async def test_wait_with_a_timeout_returns_the_running_operation(fleet: Fleet,
-                                                                 http: aiohttp.ClientSession) -> None:
+async def test_wait_with_a_timeout_returns_the_running_operation(
+    fleet: Fleet, http: aiohttp.ClientSession
+) -> None:
     fleet.host(CPU_HOST).timing.action_delay_s = 1.5
-    status, body, _ = await call(http, "POST", "/1.0/instances",
-                                 {"name": "slow", "type": "virtual-machine", "source": IMAGE})
+    status, body, _ = await call(
+        http, "POST", "/1.0/instances", {"name": "slow", "type": "virtual-machine", "source": IMAGE}
+    )
     status, waited, _ = await call(http, "GET", f"{body['operation']}/wait", timeout=0)
     assert status == 200 and waited["metadata"]["status_code"] == 103
     status, listed, _ = await call(http, "GET", "/1.0/operations")
@@ -125,8 +136,9 @@ async def test_wait_with_a_timeout_returns_the_running_operation(fleet: Fleet,
 
 
 async def test_finished_operations_expire(http: aiohttp.ClientSession) -> None:
-    status, body, _ = await call(http, "POST", "/1.0/instances",
-                                 {"name": "e1", "type": "virtual-machine", "source": IMAGE})
+    status, body, _ = await call(
+        http, "POST", "/1.0/instances", {"name": "e1", "type": "virtual-machine", "source": IMAGE}
+    )
     assert (await wait(http, body))["status_code"] == 200
     status, got, _ = await call(http, "GET", body["operation"])
     assert status == 200 and got["metadata"]["status"] == "Success"
@@ -152,12 +164,15 @@ async def test_recursion_levels_and_projects(http: aiohttp.ClientSession) -> Non
     assert body["metadata"] == ["/1.0/instances/c1?project=ci", "/1.0/instances/d1"]
     _, body, _ = await call(http, "GET", "/1.0/instances", recursion=1, **{"all-projects": "true"})
     assert [(i["project"], i["name"], i["status_code"]) for i in body["metadata"]] == [
-        ("ci", "c1", 102), ("default", "d1", 102)]
+        ("ci", "c1", 102),
+        ("default", "d1", 102),
+    ]
     assert "state" not in body["metadata"][0]
     _, body, _ = await call(http, "GET", "/1.0/instances", recursion=2, project="ci")
     assert body["metadata"][0]["state"]["status"] == "Stopped"
-    status, body, _ = await call(http, "GET", "/1.0/instances", project="ci",
-                                 **{"all-projects": "true"})
+    status, body, _ = await call(
+        http, "GET", "/1.0/instances", project="ci", **{"all-projects": "true"}
+    )
     assert (status, body["error"]) == (400, "Cannot specify a project when requesting all projects")
     status, body, _ = await call(http, "GET", "/1.0/instances", project="nope")
     assert (status, body["error"]) == (404, "Project not found")
@@ -174,8 +189,12 @@ async def test_filter_by_status_and_config(http: aiohttp.ClientSession) -> None:
 
 
 async def test_instance_object_has_expanded_config_and_devices(http: aiohttp.ClientSession) -> None:
-    await create(http, "x1", config={"limits.cpu": "2", "user.rc.lease-id": "L9"},
-                 devices={"root": {"type": "disk", "path": "/", "pool": "default", "size": "20GiB"}})
+    await create(
+        http,
+        "x1",
+        config={"limits.cpu": "2", "user.rc.lease-id": "L9"},
+        devices={"root": {"type": "disk", "path": "/", "pool": "default", "size": "20GiB"}},
+    )
     _, body, _ = await call(http, "GET", "/1.0/instances/x1")
     inst = body["metadata"]
     assert inst["profiles"] == ["default"] and inst["location"] == "none"
@@ -183,8 +202,9 @@ async def test_instance_object_has_expanded_config_and_devices(http: aiohttp.Cli
     assert inst["expanded_config"]["limits.cpu"] == "2"
     assert inst["expanded_devices"]["root"]["size"] == "20GiB"
     assert inst["expanded_devices"]["eth0"]["type"] == "nic"  # from the default profile
-    assert inst["devices"] == {"root": {"type": "disk", "path": "/", "pool": "default",
-                                        "size": "20GiB"}}
+    assert inst["devices"] == {
+        "root": {"type": "disk", "path": "/", "pool": "default", "size": "20GiB"}
+    }
 
 
 @pytest.mark.parametrize(
@@ -198,22 +218,31 @@ async def test_instance_object_has_expanded_config_and_devices(http: aiohttp.Cli
         ("vm_1", "Name can only contain alphanumeric and hyphen characters"),
     ],
 )
-async def test_invalid_names_are_refused(http: aiohttp.ClientSession, name: str, error: str) -> None:
-    status, body, _ = await call(http, "POST", "/1.0/instances",
-                                 {"name": name, "type": "virtual-machine", "source": IMAGE})
+async def test_invalid_names_are_refused(
+    http: aiohttp.ClientSession, name: str, error: str
+) -> None:
+    status, body, _ = await call(
+        http, "POST", "/1.0/instances", {"name": name, "type": "virtual-machine", "source": IMAGE}
+    )
     assert (status, body["error"]) == (400, f"Invalid instance name: {error}")
 
 
 async def test_create_refusals(http: aiohttp.ClientSession) -> None:
     await create(http, "dup")
-    status, body, _ = await call(http, "POST", "/1.0/instances",
-                                 {"name": "dup", "type": "virtual-machine", "source": IMAGE})
+    status, body, _ = await call(
+        http, "POST", "/1.0/instances", {"name": "dup", "type": "virtual-machine", "source": IMAGE}
+    )
     assert (status, body["error"]) == (409, 'Instance "dup" already exists')
-    status, body, _ = await call(http, "POST", "/1.0/instances", {
-        "name": "p1", "type": "virtual-machine", "source": IMAGE, "profiles": ["default", "gpu"]})
+    status, body, _ = await call(
+        http,
+        "POST",
+        "/1.0/instances",
+        {"name": "p1", "type": "virtual-machine", "source": IMAGE, "profiles": ["default", "gpu"]},
+    )
     assert (status, body["error"]) == (500, 'Requested profile "gpu" doesn\'t exist')
-    status, body, _ = await call(http, "POST", "/1.0/instances",
-                                 {"name": "s1", "source": {"type": "copy"}})
+    status, body, _ = await call(
+        http, "POST", "/1.0/instances", {"name": "s1", "source": {"type": "copy"}}
+    )
     assert (status, body["error"]) == (400, "Unknown source type copy")
     status, body, _ = await call(http, "POST", "/1.0/instances", {"name": "s1"}, project="nope")
     assert (status, body["error"]) == (404, "Project not found")
@@ -268,8 +297,12 @@ async def test_update_with_put_and_patch(http: aiohttp.ClientSession) -> None:
     await create(http, "u1", config={"user.a": "1"})
     status, body, _ = await call(http, "PATCH", "/1.0/instances/u1", {"config": {"user.b": "2"}})
     assert status == 200 and body["metadata"] == {}
-    status, body, _ = await call(http, "PUT", "/1.0/instances/u1",
-                                 {"config": {"user.c": "3"}, "devices": {}, "profiles": ["default"]})
+    status, body, _ = await call(
+        http,
+        "PUT",
+        "/1.0/instances/u1",
+        {"config": {"user.c": "3"}, "devices": {}, "profiles": ["default"]},
+    )
     assert status == 202 and (await wait(http, body))["status"] == "Success"
     _, body, _ = await call(http, "GET", "/1.0/instances/u1")
     user = {k: v for k, v in body["metadata"]["config"].items() if k.startswith("user.")}
@@ -277,7 +310,9 @@ async def test_update_with_put_and_patch(http: aiohttp.ClientSession) -> None:
     assert "volatile.uuid" in body["metadata"]["config"]
 
 
-async def test_busy_instance_refuses_a_second_action(fleet: Fleet, http: aiohttp.ClientSession) -> None:
+async def test_busy_instance_refuses_a_second_action(
+    fleet: Fleet, http: aiohttp.ClientSession
+) -> None:
     await create(http, "b1")
     fleet.host(CPU_HOST).timing.action_delay_s = 0.3
     _, first, _ = await call(http, "PUT", "/1.0/instances/b1/state", {"action": "start"})
@@ -295,8 +330,11 @@ async def test_server_resources_pools_projects_profiles(http: aiohttp.ClientSess
     assert res["memory"]["total"] == 131072 * 1024**2
     _, body, _ = await call(http, "GET", "/1.0/storage-pools")
     assert body["metadata"] == ["/1.0/storage-pools/default"]
-    await create(http, "disk1", devices={"root": {"type": "disk", "path": "/", "pool": "default",
-                                                  "size": "40GiB"}})
+    await create(
+        http,
+        "disk1",
+        devices={"root": {"type": "disk", "path": "/", "pool": "default", "size": "40GiB"}},
+    )
     _, body, _ = await call(http, "GET", "/1.0/storage-pools/default/resources")
     assert body["metadata"]["space"] == {"used": 40 * 1024**3, "total": 1024 * 1024**3}
     status, body, _ = await call(http, "GET", "/1.0/storage-pools/other")

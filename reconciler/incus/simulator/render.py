@@ -92,9 +92,10 @@ def server(host: SimHost, *, project: str, requestor: dict[str, str]) -> dict[st
             "server_pid": 1,
             "server_version": SERVER_VERSION,
             "storage": "zfs",
+            # ServerStorageDriverInfo has no JSON tags in Incus: Go's field names are the keys
             "storage_supported_drivers": [
-                {"name": "zfs", "version": "2.2.7", "remote": False},
-                {"name": "dir", "version": "1", "remote": False},
+                {"Name": "zfs", "Version": "2.2.7", "Remote": False},
+                {"Name": "dir", "Version": "1", "Remote": False},
             ],
             "storage_version": "2.2.7",
         },
@@ -111,6 +112,8 @@ def _gpu_card(gpu: GpuShape, index: int) -> dict[str, Any]:
             "id": index,
             "card_name": f"card{index}",
             "card_device": f"226:{index}",
+            "control_name": f"controlD{64 + index}",
+            "control_device": f"226:{64 + index}",
             "render_name": f"renderD{128 + index}",
             "render_device": f"226:{128 + index}",
         },
@@ -147,6 +150,7 @@ def _cpu(host: SimHost) -> dict[str, Any]:
             cores.append(
                 {
                     "core": core,
+                    "cluster": 0,
                     "die": 0,
                     "threads": [
                         {
@@ -230,12 +234,26 @@ def resources(host: SimHost) -> dict[str, Any]:
             "sku": "",
             "serial": host.name,
             "type": "physical",
+            "firmware": {"vendor": "Simulated", "date": "01/01/2026", "version": "1.0"},
+            "chassis": {
+                "vendor": "Simulated",
+                "type": "Rack Mount Chassis",
+                "serial": host.name,
+                "version": "",
+            },
+            "motherboard": {
+                "vendor": "Simulated",
+                "product": "sim-incus",
+                "serial": host.name,
+                "version": "",
+            },
         },
+        # ResourcesLoad has no JSON tags in Incus: Go's field names are the keys
         "load": {
-            "average_1min": 0.0,
-            "average_5min": 0.0,
-            "average_10min": 0.0,
-            "processes": 100 + len(host.instances),
+            "Average1Min": 0.0,
+            "Average5Min": 0.0,
+            "Average10Min": 0.0,
+            "Processes": 100 + len(host.instances),
         },
     }
 
