@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import aiohttp
+import anyio
 import pytest
 
 from reconciler.incus.client import IncusEndpoint, IncusHost
@@ -98,3 +100,21 @@ async def http(fleet: Fleet) -> AsyncIterator[aiohttp.ClientSession]:
     """A raw HTTP client on the CPU host."""
     async with unix_http(fleet, CPU_HOST) as session:
         yield session
+
+
+async def until_booted(fleet: Fleet, host: str, name: str, *, project: str = "default") -> None:
+    """Wait (at most 5 s) until ``name`` on ``host`` runs its agent (past the boot delay)."""
+    instance = fleet.host(host).instances[(project, name)]
+    with anyio.fail_after(5):
+        while True:  # polled: the boot timer has no event to wait on
+            if instance.agent_running:
+                return
+            await anyio.sleep(0.01)
+
+
+def wait_until(condition: Callable[[], bool], *, timeout_s: float = 5.0) -> None:
+    """Poll ``condition`` from a synchronous test until it holds, or fail."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)

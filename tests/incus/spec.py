@@ -49,7 +49,8 @@ def spec_file(name: str) -> Path:
 
 @cache
 def rest_api() -> dict[str, Any]:
-    loaded: dict[str, Any] = yaml.safe_load(spec_file("rest-api.yaml").read_text())
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml is 10x faster
+    loaded: dict[str, Any] = yaml.load(spec_file("rest-api.yaml").read_text(), Loader=loader)
     return loaded
 
 

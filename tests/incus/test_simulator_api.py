@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from reconciler.incus.simulator import Fleet
-from tests.incus.conftest import CPU_HOST
+from tests.incus.conftest import CPU_HOST, until_booted
 
 ENVELOPE_FIELDS = {"type", "status", "status_code", "operation", "error_code", "error", "metadata"}
 IMAGE = {"type": "image", "alias": "debian/13"}
@@ -122,7 +122,7 @@ async def test_wait_reports_failure_only_in_the_operation(http: aiohttp.ClientSe
 async def test_wait_with_a_timeout_returns_the_running_operation(
     fleet: Fleet, http: aiohttp.ClientSession
 ) -> None:
-    fleet.host(CPU_HOST).timing.action_delay_s = 1.5
+    fleet.host(CPU_HOST).timing.action_delay_s = 0.5
     status, body, _ = await call(
         http, "POST", "/1.0/instances", {"name": "slow", "type": "virtual-machine", "source": IMAGE}
     )
@@ -277,7 +277,7 @@ async def test_statuses_and_delete_rule(fleet: Fleet, http: aiohttp.ClientSessio
     await state(http, "v1", "start")
     _, body, _ = await call(http, "GET", "/1.0/instances/v1/state")
     assert (body["metadata"]["status"], body["metadata"]["status_code"]) == ("Running", 103)
-    await asyncio.sleep(0.15)  # past the 50 ms boot delay: the guest reported ready
+    await until_booted(fleet, CPU_HOST, "v1")  # the guest reported ready
     _, body, _ = await call(http, "GET", "/1.0/instances/v1")
     assert (body["metadata"]["status"], body["metadata"]["status_code"]) == ("Ready", 113)
     for status_name, code in (("Ready", 113), ("Running", 103), ("Frozen", 110)):

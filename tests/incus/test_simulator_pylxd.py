@@ -6,7 +6,6 @@ unknown attribute") fails these tests: the simulator must not send what Incus do
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -14,7 +13,7 @@ from pylxd import Client
 from pylxd import exceptions as pylxd_errors
 
 from reconciler.incus.simulator import SimulatorThread
-from tests.incus.conftest import GPU_HOST
+from tests.incus.conftest import GPU_HOST, wait_until
 
 CONFIG = {
     "name": "garm-7Hj2",
@@ -56,7 +55,7 @@ def test_instance_lifecycle_through_pylxd_models(client: Client) -> None:
     instance = client.instances.create(CONFIG, wait=True)
     assert instance.name == "garm-7Hj2" and client.instances.exists("garm-7Hj2")
     instance.start(wait=True)
-    time.sleep(0.15)  # past the boot delay
+    wait_until(lambda: client.instances.get("garm-7Hj2").status_code == 113)  # booted
     fetched = client.instances.get("garm-7Hj2")
     assert (fetched.status, fetched.status_code, fetched.type) == ("Ready", 113, "virtual-machine")
     assert fetched.expanded_config["limits.memory"] == "4GiB"

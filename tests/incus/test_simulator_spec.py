@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
@@ -26,7 +25,7 @@ from reconciler.incus.simulator import Fleet
 from reconciler.incus.simulator.api import add_incus_routes
 from reconciler.incus.simulator.control import CONTROL_PREFIX, add_control_routes
 from reconciler.incus.simulator.wire import StatusCode, error_body, sync_body
-from tests.incus.conftest import GPU_HOST, unix_http
+from tests.incus.conftest import GPU_HOST, unix_http, until_booted
 from tests.incus.spec import facts, normalize, rest_api, shape_problems, spec_operations
 
 IMAGE = {"type": "image", "alias": "debian/13"}
@@ -179,7 +178,7 @@ async def test_instances_state_and_operations_have_the_spec_shapes(
     await api.done(
         (await api("PUT", "/1.0/instances/v1/state", {"action": "start"}, project="ci"))[1]
     )
-    await asyncio.sleep(0.15)  # the agent runs: state has network and os_info
+    await until_booted(fleet, GPU_HOST, "v1", project="ci")  # state has network, os_info
     for recursion, definition in ((1, "Instance"), (2, "InstanceFull")):
         _, listed = await api(
             "GET", "/1.0/instances", recursion=recursion, **{"all-projects": "true"}

@@ -396,8 +396,10 @@ async def events(request: web.Request) -> web.StreamResponse:
         ws=ws, request=request, project=None if every_project else project, types=frozenset(types)
     )
     host.events.add(listener)
-    await _serve_listener(listener, ping_interval=request.app[PING_INTERVAL_KEY])
-    host.events.remove(listener)
+    try:
+        await _serve_listener(listener, ping_interval=request.app[PING_INTERVAL_KEY])
+    finally:
+        host.events.remove(listener)
     return ws
 
 
