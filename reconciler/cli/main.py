@@ -23,6 +23,7 @@ from reconciler.cli.options import (
     run_options,
 )
 from reconciler.cli.overview import overview_lines
+from reconciler.cli.sim_incus import sim_incus
 from reconciler.controller.replay import ReplayError, replay
 from reconciler.controller.runtime import Replica, RunConfig, StartupError, default_replica_name
 from reconciler.store.errors import StoreError
@@ -294,6 +295,9 @@ def demo(db: Path, nats_url: str | None, quiet: bool, log_level: str) -> None:
     )
     if summary.replay_divergences:
         sys.exit(1)
+
+
+cli.add_command(sim_incus)
 
 
 def main() -> None:

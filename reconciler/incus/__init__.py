@@ -1,0 +1,15 @@
+"""Incus: the pylxd adapter the bridge and executor use, and a simulator to test it on.
+
+Rules of this layer:
+
+- It imports :mod:`reconciler.core` only (never bus, store, controller or cli): what it
+  returns are the core's types (:class:`~reconciler.core.model.Resources`,
+  :class:`~reconciler.core.model.Gpu`) or small frozen views of its own.
+- :mod:`.client` is the only module that talks pylxd; :mod:`.events` holds pylxd's
+  WebSocket client for ``/1.0/events``. Everything blocking runs in worker threads with
+  bounded timeouts, and every failure leaves as one of :mod:`.errors`.
+- :mod:`.views` and :mod:`.units` are pure: Incus JSON and notations in, the contract's
+  units out.
+- :mod:`.simulator` serves what a real Incus answers (FACTS.md, rest-api.yaml) for tests,
+  the demo and benchmarks; production code never imports it.
+"""

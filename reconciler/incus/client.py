@@ -1,0 +1,385 @@
+"""The pylxd adapter: the one place that talks to Incus.
+
+Rules:
+
+- **pylxd only here.** pylxd (requests, ws4py) is blocking; every call runs in a worker
+  thread (``anyio.to_thread``) under a per-host limiter, bounded twice: each HTTP request
+  by ``request_timeout_s`` (requests' own timeout, so a thread never hangs) and each
+  adapter call by an overall ``anyio.fail_after``. A call whose bound passes raises
+  :class:`~reconciler.incus.errors.IncusUnavailable` (the abandoned thread still ends
+  within its request timeout).
+- **Operations are waited on** with ``/wait?timeout=N`` in slices until they finish or
+  ``operation_timeout_s`` passes (:class:`~reconciler.incus.errors.OperationTimedOut`);
+  a failed operation raises an error named after its condition
+  (:mod:`reconciler.incus.errors`).
+- **Idempotent mutations, after DRA's Deallocate rule**: creating an instance that
+  already exists with the same ``user.rc.lease-id`` returns it; starting a running one,
+  stopping a stopped one, and stopping or deleting a missing one succeed.
+- **Views out.** Answers are turned into the frozen dataclasses of
+  :mod:`reconciler.incus.views`; nothing pylxd leaves this module.
+- The pylxd client is made on first use and dropped after a connection failure, so the
+  next call reconnects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import orjson
+import requests
+from pylxd import Client
+from pylxd import exceptions as pylxd_errors
+
+from reconciler.incus.errors import (
+    ApiRejected,
+    IncusError,
+    IncusUnavailable,
+    InstanceAlreadyRunning,
+    InstanceAlreadyStopped,
+    InstanceExists,
+    InstanceNotFound,
+    InstanceRunning,
+    NotFound,
+    OperationFailed,
+    OperationTimedOut,
+)
+from reconciler.incus.events import LifecycleStream, open_lifecycle_stream
+from reconciler.incus.units import GIB
+from reconciler.incus.views import (
+    KNOWN_GPU_MEMORY_MIB,
+    HostResources,
+    InstanceSpec,
+    InstanceView,
+    ServerInfo,
+    host_resources,
+    instance_view,
+    server_info,
+)
+
+__all__ = ["IncusEndpoint", "IncusHost", "endpoints_from_fleet_file"]
+
+T = TypeVar("T")
+
+#: operation errors that name a condition, by Incus's text
+_OPERATION_ERRORS: tuple[tuple[str, type[OperationFailed]], ...] = (
+    ("The instance is already stopped", InstanceAlreadyStopped),
+    ("The instance is already running", InstanceAlreadyRunning),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class IncusEndpoint:
+    """How to reach one Incus host: its name in the fleet and its pylxd URL.
+
+    ``url`` is ``http+unix://<quoted socket path>``, ``https://HOST:8443`` or (the
+    simulator) ``http://HOST:PORT``; ``cert`` is the client certificate and key paths,
+    ``verify`` a bool or a CA/server certificate path, as pylxd takes them.
+    """
+
+    host: str
+    url: str
+    cert: tuple[str, str] | None = None
+    verify: bool | str = True
+
+
+def endpoints_from_fleet_file(path: Path) -> tuple[IncusEndpoint, ...]:
+    """The endpoints listed in a simulator fleet file, by host name."""
+    hosts = orjson.loads(path.read_bytes())["hosts"]
+    return tuple(IncusEndpoint(host=name, url=hosts[name]["url"]) for name in sorted(hosts))
+
+
+class IncusHost:
+    """One Incus host, through pylxd, with async methods."""
+
+    def __init__(
+        self,
+        endpoint: IncusEndpoint,
+        *,
+        request_timeout_s: float = 10.0,
+        operation_timeout_s: float = 120.0,
+        max_concurrent_calls: int = 4,
+        gpu_memory_mib: Mapping[str, int] = KNOWN_GPU_MEMORY_MIB,
+    ) -> None:
+        self.endpoint = endpoint
+        self.request_timeout_s = request_timeout_s
+        self.operation_timeout_s = operation_timeout_s
+        self.gpu_memory_mib = gpu_memory_mib
+        self._limiter = anyio.CapacityLimiter(max_concurrent_calls)
+        self._client: Client | None = None
+        self._client_lock = threading.Lock()
+        self._memory_mib = 0  # the host's memory, for limits.memory percentages
+
+    @property
+    def name(self) -> str:
+        return self.endpoint.host
+
+    # ------------------------------------------------------------------ reads
+
+    async def server_info(self) -> ServerInfo:
+        """``GET /1.0``: the host's identity (uid = certificate fingerprint)."""
+        return server_info(await self._get(("",)))
+
+    async def resources(self) -> HostResources:
+        """``GET /1.0/resources``: CPU threads, memory MiB and GPUs (indexed by PCI order)."""
+        found = host_resources(await self._get(("resources",)), gpu_memory_mib=self.gpu_memory_mib)
+        self._memory_mib = found.memory_mib
+        return found
+
+    async def storage_total_gib(self, pool: str = "default") -> int:
+        """Total space of storage pool ``pool`` in GiB (rounded down)."""
+        metadata = await self._get(("storage-pools", pool, "resources"))
+        return int(metadata["space"]["total"]) // GIB
+
+    async def list_instances(self) -> list[InstanceView]:
+        """Every instance of every project, with status (``recursion=1``), by project, name."""
+        found = await self._get(("instances",), params={"all-projects": "true", "recursion": 1})
+        views = [instance_view(m, host_memory_mib=self._memory_mib) for m in found]
+        return sorted(views, key=lambda v: (v.project, v.name))
+
+    async def get_instance(
+        self, name: str, *, project: str = "default", timeout_s: float | None = None
+    ) -> InstanceView | None:
+        """One instance, or ``None`` if it does not exist; other failures raise."""
+        try:
+            found = await self._get(
+                ("instances", name), params={"project": project}, timeout_s=timeout_s
+            )
+        except InstanceNotFound:
+            return None
+        return instance_view(found, host_memory_mib=self._memory_mib)
+
+    # ------------------------------------------------------------------ mutations
+
+    async def create_instance(self, spec: InstanceSpec) -> InstanceView:
+        """Create ``spec`` (not started); idempotent for the same ``user.rc.lease-id``."""
+        try:
+            await self._mutate(
+                "post", ("instances",), params={"project": spec.project}, body=spec.request_body()
+            )
+        except InstanceExists:
+            return await self._existing(spec)
+        except OperationFailed as exc:
+            if "already exists" not in exc.err:
+                raise
+            return await self._existing(spec)
+        view = await self.get_instance(spec.name, project=spec.project)
+        if view is None:  # deleted between creation and the read: report it as such
+            raise InstanceNotFound(
+                self.name, f"instance {spec.name} vanished after creation", status=404
+            )
+        return view
+
+    async def start_instance(self, name: str, *, project: str = "default") -> None:
+        """Start ``name``; already running is success."""
+        with contextlib.suppress(InstanceAlreadyRunning):
+            await self._change_state(name, project=project, action="start", force=False)
+
+    async def stop_instance(
+        self, name: str, *, project: str = "default", force: bool = True
+    ) -> None:
+        """Stop ``name`` (forced by default); already stopped or missing is success."""
+        with contextlib.suppress(InstanceAlreadyStopped, InstanceNotFound):
+            await self._change_state(name, project=project, action="stop", force=force)
+
+    async def delete_instance(self, name: str, *, project: str = "default") -> None:
+        """Delete stopped ``name``; missing is success, running raises InstanceRunning."""
+        with contextlib.suppress(InstanceNotFound):
+            await self._mutate("delete", ("instances", name), params={"project": project})
+
+    async def destroy_instance(self, name: str, *, project: str = "default") -> None:
+        """GARM's delete: forced stop (tolerating missing and stopped), then delete."""
+        await self.stop_instance(name, project=project, force=True)
+        await self.delete_instance(name, project=project)
+
+    # ------------------------------------------------------------------ events
+
+    def lifecycle_events(
+        self, *, idle_timeout_s: float = 35.0, buffer: int = 1024
+    ) -> contextlib.AbstractAsyncContextManager[LifecycleStream]:
+        """``async with host.lifecycle_events() as events: async for event in events``.
+
+        Lifecycle events of every project, as Incus sent them. Iteration raises
+        :class:`~reconciler.incus.errors.EventStreamLost` when the stream ends or stays
+        silent (not even a ping) for ``idle_timeout_s``; reconnect with backoff.
+        """
+        return self._lifecycle_events(idle_timeout_s=idle_timeout_s, buffer=buffer)
+
+    @contextlib.asynccontextmanager
+    async def _lifecycle_events(
+        self, *, idle_timeout_s: float, buffer: int
+    ) -> AsyncIterator[LifecycleStream]:
+        client = await self._in_thread(self._connected)
+        async with open_lifecycle_stream(
+            client,
+            host=self.name,
+            connect_timeout_s=self.request_timeout_s,
+            idle_timeout_s=idle_timeout_s,
+            buffer=buffer,
+        ) as stream:
+            yield stream
+
+    # ------------------------------------------------------------------ internals
+
+    async def _existing(self, spec: InstanceSpec) -> InstanceView:
+        view = await self.get_instance(spec.name, project=spec.project)
+        if view is not None and spec.lease_id is not None and view.lease_id == spec.lease_id:
+            return view
+        owner = None if view is None else view.lease_id
+        raise InstanceExists(
+            self.name,
+            f"instance {spec.project}/{spec.name} exists with lease {owner!r}, "
+            f"not {spec.lease_id!r}",
+            status=409,
+        )
+
+    async def _change_state(self, name: str, *, project: str, action: str, force: bool) -> None:
+        body = {"action": action, "timeout": -1, "force": force, "stateful": False}
+        await self._mutate(
+            "put", ("instances", name, "state"), params={"project": project}, body=body
+        )
+
+    async def _get(
+        self,
+        path: tuple[str, ...],
+        *,
+        params: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
+        timeout = timeout_s or self.request_timeout_s
+
+        def call() -> Any:
+            response = self._node(path).get(params=params or {}, timeout=timeout)
+            return response.json()["metadata"]
+
+        return await self._in_thread(call, budget_s=timeout + 1.0)
+
+    async def _mutate(
+        self,
+        method: str,
+        path: tuple[str, ...],
+        *,
+        params: dict[str, Any],
+        body: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Send a request that answers with an operation, and wait for the operation."""
+
+        def call() -> dict[str, Any]:
+            send = getattr(self._node(path), method)
+            kwargs: dict[str, Any] = {"params": params, "timeout": self.request_timeout_s}
+            if body is not None:
+                kwargs["json"] = body
+            answer = send(**kwargs).json()
+            if answer.get("type") != "async":
+                return dict(answer.get("metadata") or {})
+            return self._wait(str(answer["operation"]))
+
+        budget = self.operation_timeout_s + 2 * self.request_timeout_s
+        return await self._in_thread(call, budget_s=budget)
+
+    def _wait(self, operation_url: str) -> dict[str, Any]:
+        """In a worker thread: wait for the operation in slices; raise on failure."""
+        op_id = operation_url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+        deadline = time.monotonic() + self.operation_timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise OperationTimedOut(
+                    self.name, f"operation {op_id} still running after {self.operation_timeout_s} s"
+                )
+            slice_s = max(1, min(int(remaining), 30))
+            response = self._node(("operations", op_id, "wait")).get(
+                params={"timeout": slice_s}, timeout=slice_s + self.request_timeout_s
+            )
+            op: dict[str, Any] = response.json()["metadata"]
+            code = int(op.get("status_code", 0))
+            if code >= 200:
+                if code == 200:
+                    return op
+                raise self._operation_error(str(op.get("err") or op.get("status", "")))
+
+    def _operation_error(self, err: str) -> OperationFailed | InstanceNotFound:
+        if err == "Instance not found":
+            return InstanceNotFound(self.name, err, status=404)
+        for text, kind in _OPERATION_ERRORS:
+            if text in err:
+                return kind(self.name, err)
+        return OperationFailed(self.name, err)
+
+    def _node(self, path: tuple[str, ...]) -> Any:
+        node = self._connected().api
+        for part in path:
+            if part:
+                node = node[part]
+        return node
+
+    def _connected(self) -> Client:
+        with self._client_lock:
+            if self._client is None:
+                self._client = Client(
+                    endpoint=self.endpoint.url,
+                    cert=self.endpoint.cert,
+                    verify=self.endpoint.verify,
+                    timeout=self.request_timeout_s,
+                )
+            return self._client
+
+    async def _in_thread(self, call: Callable[[], T], *, budget_s: float | None = None) -> T:
+        budget = budget_s if budget_s is not None else self.request_timeout_s + 1.0
+        try:
+            with anyio.fail_after(budget):
+                return await anyio.to_thread.run_sync(
+                    functools.partial(self._translated, call),
+                    limiter=self._limiter,
+                    abandon_on_cancel=True,
+                )
+        except TimeoutError:
+            raise IncusUnavailable(self.name, f"no answer within {budget:.1f} s") from None
+
+    def _translated(self, call: Callable[[], T]) -> T:
+        """In a worker thread: run ``call``, turning pylxd/requests errors into ours."""
+        try:
+            return call()
+        except IncusError:
+            raise
+        except (
+            requests.exceptions.RequestException,
+            pylxd_errors.ClientConnectionFailed,
+            ConnectionError,
+        ) as exc:
+            self._drop_client()
+            raise IncusUnavailable(self.name, str(exc) or type(exc).__name__) from exc
+        except pylxd_errors.LXDAPIException as exc:
+            raise self._rejection(exc) from exc
+
+    def _rejection(self, exc: pylxd_errors.LXDAPIException) -> ApiRejected:
+        status = int(exc.response.status_code)
+        message = str(exc)
+        if status == 404:
+            kind: type[ApiRejected] = (
+                InstanceNotFound if message == "Instance not found" else NotFound
+            )
+            return kind(self.name, message, status=status)
+        if status == 400 and message == "Instance is running":
+            return InstanceRunning(self.name, message, status=status)
+        if status == 409 or "already exists" in message:
+            return InstanceExists(self.name, message, status=status)
+        return ApiRejected(self.name, message, status=status)
+
+    def _drop_client(self) -> None:
+        with self._client_lock:
+            client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.api.session.close()
+
+    async def aclose(self) -> None:
+        """Close the HTTP session (idempotent)."""
+        self._drop_client()
