@@ -100,9 +100,15 @@ class BusClient:
 
     async def outputs(self, subject: str | None = None) -> list[OutMsg]:
         """Every message of the OUT stream (optionally of one subject filter), in order."""
-        filter_subject = subject or self.names.out_subjects
+        return await self._read(self.names.out_stream, subject or self.names.out_subjects)
+
+    async def inputs(self, subject: str | None = None) -> list[OutMsg]:
+        """Every message of the IN stream (optionally of one subject filter), in order."""
+        return await self._read(self.names.in_stream, subject or self.names.in_subjects)
+
+    async def _read(self, stream: str, filter_subject: str) -> list[OutMsg]:
         try:
-            info = await self.js.stream_info(self.names.out_stream)
+            info = await self.js.stream_info(stream)
         except NotFoundError:
             return []
         last = int(info.state.last_seq or 0)
@@ -110,7 +116,7 @@ class BusClient:
             return []
         sub = await self.js.pull_subscribe(
             filter_subject,
-            stream=self.names.out_stream,
+            stream=stream,
             config=api.ConsumerConfig(
                 ack_policy=api.AckPolicy.NONE,
                 deliver_policy=api.DeliverPolicy.ALL,
@@ -137,6 +143,15 @@ class BusClient:
                     break
         finally:
             await sub.unsubscribe()
+        return found
+
+    async def wait_inputs(
+        self, subject: str, count: int = 1, *, within_s: float = 10.0
+    ) -> list[OutMsg]:
+        """The IN stream's messages of ``subject``, once there are at least ``count``."""
+        with anyio.fail_after(within_s):
+            while len(found := await self.inputs(subject)) < count:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
         return found
 
     async def wait_outputs(

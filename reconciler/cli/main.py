@@ -13,12 +13,15 @@ import orjson
 
 from reconciler.bus.embedded import NatsServerNotFound
 from reconciler.cli.audit import audit_lines
+from reconciler.cli.bridge_cmd import bridge
 from reconciler.cli.demo import run_demo
 from reconciler.cli.logs import LOG_LEVELS, configure_logging
 from reconciler.cli.options import (
     bus_options,
     common_from,
     db_option,
+    incus_endpoints,
+    incus_options,
     log_options,
     run_options,
 )
@@ -42,6 +45,7 @@ def cli() -> None:
 @bus_options
 @db_option
 @run_options
+@incus_options
 @click.option(
     "--replica",
     envvar="RC_REPLICA",
@@ -64,13 +68,17 @@ def run(**kwargs: Any) -> None:
     """Run the reconciler: caches on every replica, leader work on one.
 
     Folds the input stream into the SQLite store, answers queries, and, while it holds
-    the leader key, publishes decisions and executor commands and host/pool status.
+    the leader key, publishes decisions and executor commands and host/pool status, tops
+    warm pools up, and verifies suspect leases with a live GET on their Incus host
+    (--incus-fleet / --incus; without them suspect leases stay suspect).
     SIGTERM or SIGINT stops it after the batch in hand is committed; a second one stops
     it at once (nothing is lost either way: the next start resumes from the store).
     """
     common = common_from(kwargs, name="reconciler")
+    incus = incus_endpoints(kwargs)
     try:
         config = RunConfig(
+            incus=incus,
             nats=common.nats,
             prefix=common.prefix,
             db=kwargs["db"],
@@ -298,6 +306,7 @@ def demo(db: Path, nats_url: str | None, quiet: bool, log_level: str) -> None:
 
 
 cli.add_command(sim_incus)
+cli.add_command(bridge)
 
 
 def main() -> None:

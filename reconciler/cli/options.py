@@ -16,8 +16,18 @@ import click
 
 from reconciler.bus.connection import DEFAULT_NATS_URL, ConnectOptions, parse_urls
 from reconciler.cli.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
+from reconciler.incus.client import IncusEndpoint, endpoints_from_fleet_file
 
-__all__ = ["Common", "bus_options", "common_from", "db_option", "log_options", "run_options"]
+__all__ = [
+    "Common",
+    "bus_options",
+    "common_from",
+    "db_option",
+    "incus_endpoints",
+    "incus_options",
+    "log_options",
+    "run_options",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -177,3 +187,65 @@ def common_from(kwargs: dict[str, Any], *, name: str) -> Common:
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     return Common(nats=nats, prefix=kwargs.pop("prefix"))
+
+
+def incus_options(f: F) -> F:
+    """Which Incus hosts to reach, and how (``--incus-fleet``, ``--incus``, TLS)."""
+    return _apply(
+        f,
+        [
+            _option(
+                "incus-fleet",
+                type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                help='Fleet file: {"hosts": {"<host>": {"url": "<pylxd URL>"}}} (the '
+                "simulator writes one).",
+            ),
+            _option(
+                "incus",
+                multiple=True,
+                metavar="HOST=URL",
+                envvar="RC_INCUS",
+                help="An Incus host and its URL (https://…:8443 or http+unix://…); repeatable.",
+            ),
+            _option(
+                "incus-cert",
+                type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                help="Client certificate for Incus over TLS (with --incus-key).",
+            ),
+            _option(
+                "incus-key",
+                type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                help="Client key for Incus over TLS.",
+            ),
+            _option(
+                "incus-verify",
+                default="true",
+                show_default=True,
+                help="Verify Incus's certificate: true, false, or a CA/server certificate path.",
+            ),
+        ],
+    )
+
+
+def incus_endpoints(kwargs: dict[str, Any]) -> tuple[IncusEndpoint, ...]:
+    """Pop the Incus options out of a command's keyword arguments; the endpoints, by host."""
+    fleet, pairs = kwargs.pop("incus_fleet"), kwargs.pop("incus")
+    cert_path, key_path = kwargs.pop("incus_cert"), kwargs.pop("incus_key")
+    verify_text = str(kwargs.pop("incus_verify"))
+    if (cert_path is None) != (key_path is None):
+        raise click.BadParameter("--incus-cert and --incus-key go together")
+    cert = (str(cert_path), str(key_path)) if cert_path is not None else None
+    verify: bool | str = {"true": True, "false": False}.get(verify_text.lower(), verify_text)
+    found: dict[str, IncusEndpoint] = {}
+    if fleet is not None:
+        try:
+            for ep in endpoints_from_fleet_file(fleet):
+                found[ep.host] = IncusEndpoint(host=ep.host, url=ep.url, cert=cert, verify=verify)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise click.BadParameter(f"cannot read fleet file {fleet}: {exc!r}") from exc
+    for pair in pairs:
+        host, sep, url = pair.partition("=")
+        if not sep or not host or not url:
+            raise click.BadParameter(f"--incus takes HOST=URL, not {pair!r}")
+        found[host] = IncusEndpoint(host=host, url=url, cert=cert, verify=verify)
+    return tuple(found[name] for name in sorted(found))

@@ -10,7 +10,8 @@ Rules (DESIGN.md, "Data flow"):
 - The caches run on every replica for the process's lifetime. The leader's work runs
   only while this replica holds the leader key: the outbox publisher first (the leader
   is *ready* once the unsent outbox is on the bus), then, once the caches are synced,
-  the status reporter and the warm-pool reconciler. Losing the key cancels that work at
+  the status reporter, the warm-pool reconciler and the live verification of suspect
+  leases (on the Incus hosts of ``RunConfig.incus``). Losing the key cancels that work at
   once.
 - A follower learns from the leader key how far the outbox is published and prunes its
   own outbox accordingly.
@@ -48,6 +49,8 @@ from reconciler.controller.outbox import OutboxPublisher
 from reconciler.controller.queries import QueryResponder
 from reconciler.controller.status import StatusReporter
 from reconciler.controller.topup import WarmPoolReconciler
+from reconciler.controller.verify import IncusPresence, SuspectVerifier
+from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.store.sqlite import Store
 
 __all__ = ["Replica", "RunConfig", "StartupError", "default_replica_name"]
@@ -82,6 +85,8 @@ class RunConfig:
     max_age_s: float = DEFAULT_MAX_AGE_S
     duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S
     metrics_addr: str | None = None
+    #: the Incus hosts the leader may ask about suspect leases (live GETs)
+    incus: tuple[IncusEndpoint, ...] = ()
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", self.replica):
@@ -113,6 +118,7 @@ class Replica:
         self._status_published = 0
         self._publisher: OutboxPublisher | None = None
         self._reporter: StatusReporter | None = None
+        self.incus = {ep.host: IncusHost(ep) for ep in config.incus}
         self._log = logger.bind(replica=config.replica, prefix=config.prefix)
 
     # ------------------------------------------------------------------- run
@@ -137,6 +143,8 @@ class Replica:
         finally:
             with anyio.CancelScope(shield=True):
                 await nc.close()
+                for host in self.incus.values():
+                    await host.aclose()
 
     async def _run_with(
         self, nc: Client, js: JetStreamContext, store: Store, stop: anyio.Event
@@ -220,6 +228,15 @@ class Replica:
             prefix=cfg.prefix,
             interval_s=cfg.status_progress_interval_s,
         )
+        verifier = SuspectVerifier(
+            caches=caches,
+            js=js,
+            prefix=cfg.prefix,
+            probes={name: IncusPresence(host) for name, host in self.incus.items()},
+            live_get_timeout_s=cfg.live_get_timeout_s,
+            workers=cfg.workers,
+            interval_s=cfg.status_progress_interval_s,
+        )
         self._publisher, self._reporter = publisher, reporter
         caches.add_listener(publisher.notify)
         try:
@@ -230,8 +247,10 @@ class Replica:
                 await caches.synced.wait()
                 caches.add_listener(reporter.notify)
                 caches.add_listener(warm.notify)
+                caches.add_listener(verifier.notify)
                 tg.start_soon(reporter.run, name="status")
                 tg.start_soon(warm.run, name="warm-pools")
+                tg.start_soon(verifier.run, name="verify")
                 self.leader_ready = True
                 self._log.info("leader.ready", published_seq=leadership.published_seq)
         finally:
@@ -239,6 +258,7 @@ class Replica:
             caches.remove_listener(publisher.notify)
             caches.remove_listener(reporter.notify)
             caches.remove_listener(warm.notify)
+            caches.remove_listener(verifier.notify)
             self._published += publisher.published
             self._status_published += reporter.published
             self._publisher = self._reporter = None

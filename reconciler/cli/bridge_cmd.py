@@ -1,0 +1,109 @@
+"""``reconciler bridge``: Incus hosts → the bus (lifecycle events, snapshots, inventories)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import anyio
+import click
+import orjson
+
+from reconciler.bus.connection import ConnectOptions, connect
+from reconciler.bus.streams import StreamNames, ensure_streams
+from reconciler.cli.options import (
+    bus_options,
+    common_from,
+    incus_endpoints,
+    incus_options,
+    log_options,
+)
+from reconciler.controller.bridge import Bridge, HostBridge, HostSettings, settings_from_json
+from reconciler.incus.client import IncusEndpoint, IncusHost
+
+__all__ = ["bridge"]
+
+
+@click.command()
+@bus_options
+@incus_options
+@click.option(
+    "--hosts-config",
+    envvar="RC_HOSTS_CONFIG",
+    show_envvar=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help='What Incus does not say of a host: {"defaults": {"reserve": {"cpu", "memory_mib", '
+    '"disk_gib"}, "labels": {}, "schedulable": true, "gpu_profile": null, "storage_pool": '
+    '"default"}, "hosts": {"<host>": {…}}}.',
+)
+@click.option(
+    "--resync-interval",
+    envvar="RC_RESYNC_INTERVAL",
+    show_envvar=True,
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds between full inventories (and snapshot checks) of every host.",
+)
+@log_options
+def bridge(hosts_config: Path | None, resync_interval: float, **kwargs: Any) -> None:
+    """Watch Incus hosts through pylxd and publish what the reconciler needs.
+
+    For every host: its lifecycle events (instance-*), verbatim; a snapshot of capacity,
+    reserve, labels and GPUs when it changes; and a complete inventory after every
+    (re)connection, soon after instances are created or deleted, and periodically.
+    """
+    common = common_from(kwargs, name="reconciler-bridge")
+    endpoints = incus_endpoints(kwargs)
+    if not endpoints:
+        raise click.UsageError("no Incus hosts: give --incus-fleet FILE or --incus HOST=URL")
+    settings = {"*": HostSettings()}
+    if hosts_config is not None:
+        try:
+            settings = settings_from_json(orjson.loads(hosts_config.read_bytes()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise click.BadParameter(f"{hosts_config}: {exc}") from exc
+    anyio.run(
+        lambda: _run(common.nats, common.prefix, endpoints, settings, resync_s=resync_interval)
+    )
+
+
+async def _run(
+    nats: ConnectOptions,
+    prefix: str,
+    endpoints: tuple[IncusEndpoint, ...],
+    settings: dict[str, HostSettings],
+    *,
+    resync_s: float,
+) -> None:
+    nc = await connect(nats)
+    hosts = [IncusHost(ep) for ep in endpoints]
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js, StreamNames.for_prefix(prefix))
+        bridges = [
+            HostBridge(
+                incus=host,
+                js=js,
+                prefix=prefix,
+                settings=settings.get(host.name, settings["*"]),
+                resync_s=resync_s,
+            )
+            for host in hosts
+        ]
+        async with anyio.create_task_group() as tg:
+
+            async def on_signals() -> None:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for _ in signals:
+                        tg.cancel_scope.cancel()
+                        return
+
+            tg.start_soon(on_signals)
+            await Bridge(bridges).run()
+    finally:
+        with anyio.CancelScope(shield=True):
+            for host in hosts:
+                await host.aclose()
+            await nc.close()

@@ -1,0 +1,169 @@
+"""The leader's live verification of suspect leases (CONTRACT.md: ``…observation``).
+
+A lease missing from an inventory is only *suspect* (the fold never releases on an
+inventory alone). This reconciler asks the lease's Incus host directly, with a bounded
+live GET, and publishes what it saw as an observation input; the fold then releases the
+lease only on a confirmed absence at a revision at least that of the inventory.
+
+Rules:
+
+- Keys are lease ids. A committed batch that touched a suspect lease queues it; every
+  ``interval_s`` every suspect lease is queued again (a lost answer is asked again).
+- ``checked_revision`` is the host's inventory revision *before* the GET: what the GET
+  saw is at least that fresh.
+- Only a definite answer is published: present (with its status) or absent (Incus said
+  "not found"). A timeout (``live_get_timeout_s``) or an unreachable host publishes
+  nothing and retries with a per-lease backoff, so a partition can never release a lease.
+- A host without an Incus endpoint is logged once and skipped: its suspects stay suspect.
+- The observation's ``Nats-Msg-Id`` is ``observation:<lease>:<revision>:<present>``: two
+  leaders verifying the same suspicion publish it once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+import orjson
+import structlog
+from nats.js import JetStreamContext
+
+from reconciler.controller.caches import Caches, Commit
+from reconciler.controller.workqueue import TemporaryError, WorkQueue, run_workers
+from reconciler.core.model import LeaseId
+from reconciler.incus.client import IncusHost
+
+__all__ = ["IncusPresence", "InstanceProbe", "Presence", "SuspectVerifier"]
+
+logger = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Presence:
+    """What a live GET saw: the instance exists (with its status), or Incus says not found."""
+
+    present: bool
+    status: str | None = None
+
+
+class InstanceProbe(Protocol):
+    """One Incus host's live GET (implemented over pylxd in :mod:`reconciler.incus`)."""
+
+    async def presence(self, *, name: str, project: str, timeout_s: float) -> Presence:
+        """Raise on anything but a definite answer (timeout, unreachable, server error)."""
+        ...
+
+
+class IncusPresence:
+    """The live GET of one Incus host, through pylxd: ``None`` from Incus is absence."""
+
+    def __init__(self, incus: IncusHost) -> None:
+        self.incus = incus
+
+    async def presence(self, *, name: str, project: str, timeout_s: float) -> Presence:
+        view = await self.incus.get_instance(name, project=project, timeout_s=timeout_s)
+        return Presence(present=False) if view is None else Presence(True, view.status)
+
+
+class SuspectVerifier:
+    """Verifies suspect leases on their hosts, while leading."""
+
+    def __init__(
+        self,
+        *,
+        caches: Caches,
+        js: JetStreamContext,
+        prefix: str,
+        probes: Mapping[str, InstanceProbe],
+        live_get_timeout_s: float = 5.0,
+        workers: int = 2,
+        interval_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.caches = caches
+        self.js = js
+        self.prefix = prefix
+        self.probes = probes
+        self.live_get_timeout_s = live_get_timeout_s
+        self.workers = workers
+        self.interval_s = interval_s
+        self.queue: WorkQueue[LeaseId] = WorkQueue(
+            name="verify", clock=clock, backoff_base=0.5, backoff_cap=30.0
+        )
+        self.published = 0
+        self._unreachable: set[str] = set()
+
+    def notify(self, commit: Commit) -> None:
+        """Commit listener: queue every suspect lease the batch touched."""
+        leases = self.caches.state.leases
+        for lease_id in commit.fx.leases:
+            lease = leases.get(lease_id)
+            if lease is not None and lease.active and lease.suspect_revision is not None:
+                self.queue.add(lease_id)
+
+    async def run(self) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._sweep)
+                await run_workers(self.queue, self.verify, workers=self.workers)
+        finally:
+            self.queue.shutdown()
+
+    async def _sweep(self) -> None:
+        while True:
+            for lease in list(self.caches.state.leases.values()):
+                if lease.active and lease.suspect_revision is not None:
+                    self.queue.add(lease.lease_id)
+            await anyio.sleep(self.interval_s)
+
+    async def verify(self, lease_id: LeaseId) -> None:
+        """One live GET for one suspect lease, published as an observation."""
+        state = self.caches.state
+        lease = state.leases.get(lease_id)
+        if lease is None or not lease.active or lease.suspect_revision is None:
+            return
+        host = state.hosts.get(lease.host)
+        probe = self.probes.get(lease.host)
+        if host is None or probe is None:
+            if lease.host not in self._unreachable:
+                self._unreachable.add(lease.host)
+                logger.warning("verify.no_endpoint", host=lease.host, lease_id=lease_id)
+            return
+        checked = host.inventory_revision
+        try:
+            with anyio.fail_after(self.live_get_timeout_s):
+                seen = await probe.presence(
+                    name=lease.instance, project=lease.project, timeout_s=self.live_get_timeout_s
+                )
+        except TimeoutError as exc:
+            raise TemporaryError(f"live GET of {lease.instance} on {lease.host} timed out") from exc
+        except Exception as exc:
+            raise TemporaryError(f"live GET of {lease.instance} on {lease.host}: {exc}") from exc
+        payload: dict[str, object] = {
+            "v": 1,
+            "host": lease.host,
+            "instance": lease.instance,
+            "present": seen.present,
+            "checked_revision": checked,
+        }
+        if seen.status is not None:
+            payload["status"] = seen.status
+        msg_id = f"observation:{lease_id}:{checked}:{str(seen.present).lower()}"
+        await self.js.publish(
+            f"{self.prefix}.in.host.{lease.host}.observation",
+            orjson.dumps(payload),
+            headers={"Nats-Msg-Id": msg_id},
+        )
+        self.published += 1
+        logger.info(
+            "verify.observed",
+            lease_id=lease_id,
+            instance=lease.instance,
+            host=lease.host,
+            present=seen.present,
+            status=seen.status,
+            checked_revision=checked,
+        )
