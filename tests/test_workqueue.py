@@ -526,3 +526,18 @@ class WorkQueueMachine(RuleBasedStateMachine):
 
 TestWorkQueueMachine = WorkQueueMachine.TestCase
 TestWorkQueueMachine.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+
+
+async def test_run_with_resync_adds_every_key_again_and_shuts_the_queue_down() -> None:
+    from reconciler.controller.workqueue import run_with_resync
+
+    queue: WorkQueue[str] = WorkQueue(name="resync")
+    seen: list[str] = []
+
+    async def handler(key: str) -> None:
+        seen.append(key)
+
+    with anyio.move_on_after(0.35):
+        await run_with_resync(queue, handler, keys=lambda: ["a", "b"], every_s=0.1, workers=2)
+    assert seen.count("a") >= 3 and seen.count("b") >= 3
+    assert queue.shutting_down

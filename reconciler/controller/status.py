@@ -19,13 +19,12 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-import anyio
 import orjson
 import structlog
 from nats.aio.client import Client
 
 from reconciler.controller.caches import Caches, Commit
-from reconciler.controller.workqueue import WorkQueue, run_workers
+from reconciler.controller.workqueue import WorkQueue, run_with_resync
 from reconciler.core.model import HostName, PoolName
 from reconciler.core.status import host_status, pool_status
 
@@ -68,21 +67,18 @@ class StatusReporter:
 
     async def run(self) -> None:
         """Publish until cancelled."""
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._progress)
-                await run_workers(self.queue, self._publish, workers=self.workers)
-        finally:
-            self.queue.shutdown()
+        await run_with_resync(
+            self.queue,
+            self._publish,
+            keys=self._everything,
+            every_s=self.progress_interval_s,
+            workers=self.workers,
+        )
 
-    async def _progress(self) -> None:
-        while True:
-            state = self.caches.state
-            for host in sorted(state.hosts):
-                self.queue.add(("host", host))
-            for pool in sorted(state.pools):
-                self.queue.add(("pool", pool))
-            await anyio.sleep(self.progress_interval_s)
+    def _everything(self) -> list[StatusKey]:
+        state = self.caches.state
+        hosts: list[StatusKey] = [("host", h) for h in sorted(state.hosts)]
+        return hosts + [("pool", p) for p in sorted(state.pools)]
 
     async def _publish(self, key: StatusKey) -> None:
         kind, name = key

@@ -28,13 +28,12 @@ import re
 import time
 from collections.abc import Callable
 
-import anyio
 import orjson
 import structlog
 from nats.js import JetStreamContext
 
 from reconciler.controller.caches import Caches, Commit
-from reconciler.controller.workqueue import TemporaryError, WorkQueue, run_workers
+from reconciler.controller.workqueue import TemporaryError, WorkQueue, run_with_resync
 from reconciler.core.model import PoolName, RequestId
 from reconciler.core.status import warm_deficit
 
@@ -114,18 +113,13 @@ class WarmPoolReconciler:
                 self.queue.add(pool)
 
     async def run(self) -> None:
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._sweep)
-                await run_workers(self.queue, self.reconcile, workers=self.workers)
-        finally:
-            self.queue.shutdown()
-
-    async def _sweep(self) -> None:
-        while True:
-            for pool in sorted(self.caches.state.pools):
-                self.queue.add(pool)
-            await anyio.sleep(self.interval_s)
+        await run_with_resync(
+            self.queue,
+            self.reconcile,
+            keys=lambda: sorted(self.caches.state.pools),
+            every_s=self.interval_s,
+            workers=self.workers,
+        )
 
     async def reconcile(self, pool_name: str) -> None:
         """One look at one pool: publish the admits its deficit calls for."""

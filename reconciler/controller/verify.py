@@ -32,7 +32,7 @@ import structlog
 from nats.js import JetStreamContext
 
 from reconciler.controller.caches import Caches, Commit
-from reconciler.controller.workqueue import TemporaryError, WorkQueue, run_workers
+from reconciler.controller.workqueue import TemporaryError, WorkQueue, run_with_resync
 from reconciler.core.model import LeaseId
 from reconciler.incus.client import IncusHost
 
@@ -105,19 +105,17 @@ class SuspectVerifier:
                 self.queue.add(lease_id)
 
     async def run(self) -> None:
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._sweep)
-                await run_workers(self.queue, self.verify, workers=self.workers)
-        finally:
-            self.queue.shutdown()
+        await run_with_resync(
+            self.queue,
+            self.verify,
+            keys=self._suspects,
+            every_s=self.interval_s,
+            workers=self.workers,
+        )
 
-    async def _sweep(self) -> None:
-        while True:
-            for lease in list(self.caches.state.leases.values()):
-                if lease.active and lease.suspect_revision is not None:
-                    self.queue.add(lease.lease_id)
-            await anyio.sleep(self.interval_s)
+    def _suspects(self) -> list[LeaseId]:
+        leases = self.caches.state.leases.values()
+        return [le.lease_id for le in leases if le.active and le.suspect_revision is not None]
 
     async def verify(self, lease_id: LeaseId) -> None:
         """One live GET for one suspect lease, published as an observation."""

@@ -37,7 +37,7 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Generic, TypeVar
 
 import anyio
@@ -50,6 +50,7 @@ __all__ = [
     "QueueShutDown",
     "TemporaryError",
     "WorkQueue",
+    "run_with_resync",
     "run_workers",
 ]
 
@@ -320,6 +321,32 @@ async def run_workers(queue: WorkQueue[K], handler: Handler[K], *, workers: int 
     async with anyio.create_task_group() as tg:
         for index in range(workers):
             tg.start_soon(_work, queue, handler, index, name=f"{queue.name}-worker-{index}")
+
+
+async def run_with_resync(
+    queue: WorkQueue[K],
+    handler: Handler[K],
+    *,
+    keys: Callable[[], Iterable[K]],
+    every_s: float,
+    workers: int = 1,
+) -> None:
+    """:func:`run_workers`, plus every key of ``keys()`` added again every ``every_s``
+    (client-go's resync: a lost event is made up for). Shuts the queue down on exit."""
+
+    async def resync() -> None:
+        while True:
+            for key in keys():
+                queue.add(key)
+            await anyio.sleep(every_s)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(resync, name=f"{queue.name}-resync")
+            await run_workers(queue, handler, workers=workers)
+            tg.cancel_scope.cancel()
+    finally:
+        queue.shutdown()
 
 
 async def _work(queue: WorkQueue[K], handler: Handler[K], index: int) -> None:
