@@ -461,3 +461,20 @@ async def test_the_line_waits_out_a_frozen_nats_server(
         await anyio.to_thread.run_sync(nats_server.resume)
         await bus.send(b.admit("a2", "web", "vm-2"))
         assert (await bus.decision("a2", within_s=20))["outcome"] == "admitted"
+
+
+async def test_a_graceful_stop_publishes_everything_committed(
+    nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    bus = BusClient(nc)
+    db = tmp_path / "rc.db"
+    async with running_replica(fast_config(nats_url, db)) as replica:
+        await bus.send(*fleet(), *(b.admit(f"r{i}", "web", f"vm-{i}") for i in range(20)))
+        assert replica.caches is not None
+        with anyio.fail_after(10):
+            while replica.caches.committed_seq < len(fleet()) + 20:  # noqa: ASYNC110
+                await anyio.sleep(0.005)
+    async with await Store.open(db) as store:
+        assert (await store.outbox_snapshot()).rows == []
+        assert await store.published_seq() == len(fleet()) + 20
+    assert len(await bus.outputs("rc.out.decision.>")) == 20

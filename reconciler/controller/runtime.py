@@ -16,7 +16,8 @@ Rules (DESIGN.md, "Data flow"):
 - A follower learns from the leader key how far the outbox is published and prunes its
   own outbox accordingly.
 - :meth:`Replica.run` returns after ``stop`` is set: the caches finish and commit the
-  batch in hand, the leader resigns its key, and every connection is closed.
+  batch in hand, a leader publishes what is committed and resigns its key, and every
+  connection is closed.
 """
 
 from __future__ import annotations
@@ -197,6 +198,7 @@ class Replica:
                 tg.start_soon(stopper, name="stopper")
                 self.started.set()
                 await caches.run(head=self._head)
+                await self._publish_what_is_committed()
                 tg.cancel_scope.cancel()  # the leader resigns on its way out
         finally:
             with anyio.CancelScope(shield=True):
@@ -262,6 +264,19 @@ class Replica:
             self._published += publisher.published
             self._status_published += reporter.published
             self._publisher = self._reporter = None
+
+    async def _publish_what_is_committed(self, within_s: float = 5.0) -> None:
+        """On a graceful stop, a leader puts its last commits on the bus before resigning,
+        so that its successor has nothing to send again (it would be deduplicated anyway)."""
+        election, publisher = self.election, self._publisher
+        leading = election.leading if election is not None else None
+        if leading is None or publisher is None:
+            return
+        with anyio.move_on_after(within_s):
+            try:
+                await publisher.drain(leading)
+            except Exception as exc:
+                self._log.warning("leader.final_publish_failed", error=repr(exc))
 
     async def _follow(self, published_seq: int) -> None:
         store = self.store
