@@ -1,0 +1,309 @@
+"""``reconciler executor``: carry out the reconciler's create and delete commands on Incus.
+
+Rules:
+
+- The managed hosts are those of ``--incus-fleet FILE`` and of every ``--incus
+  HOST=URL`` (which wins over the file for the same host), narrowed by ``--host`` when
+  given. TLS options (``--incus-cert``/``--incus-key``, ``--incus-verify``) apply to the
+  ``https://`` endpoints that do not carry their own in the fleet file.
+- Every option is also an environment variable: the bus and log options as every
+  command's (``RC_NATS_URL``, ``RC_PREFIX``, ``RC_LOG_FORMAT``…), the Incus options as
+  ``RC_INCUS_…`` (shared with the bridge), the executor's own as ``RC_EXECUTOR_…``
+  (``--db`` is ``RC_EXECUTOR_DB``, so it never picks up a replica's ``RC_DB``).
+- SIGTERM or SIGINT: stop fetching, finish and ack the commands running, hand the
+  others back to JetStream, exit 0. A second signal stops at once (what was not acked
+  is redelivered to the next executor, and its database answers what was finished).
+- Runs as ``reconciler executor`` once registered, or ``python -m
+  reconciler.cli.executor_cmd``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import anyio
+import click
+import orjson
+
+from reconciler.cli.options import bus_options, common_from, log_options
+from reconciler.controller.executor import DEFAULT_RETENTION_S, Executor, ExecutorConfig
+from reconciler.incus.client import IncusEndpoint, endpoints_from_fleet_file
+from reconciler.store.errors import StoreError
+
+__all__ = ["executor", "load_endpoints", "parse_verify"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _incus(name: str, *dest: str, **kwargs: Any) -> Callable[[F], F]:
+    """An Incus option: environment variable ``RC_<NAME>`` (shared with the bridge)."""
+    env = "RC_" + name.upper().replace("-", "_")
+    return click.option(f"--{name}", *dest, envvar=env, show_envvar=True, **kwargs)
+
+
+def _own(name: str, *dest: str, **kwargs: Any) -> Callable[[F], F]:
+    """An executor option: environment variable ``RC_EXECUTOR_<NAME>``."""
+    env = "RC_EXECUTOR_" + name.upper().replace("-", "_")
+    return click.option(f"--{name}", *dest, envvar=env, show_envvar=True, **kwargs)
+
+
+def parse_verify(value: str) -> bool | str:
+    """``--incus-verify``: ``true``/``false``, or a CA bundle or server certificate path."""
+    lowered = value.strip().lower()
+    if lowered in ("true", "yes", "1", "on"):
+        return True
+    if lowered in ("false", "no", "0", "off"):
+        return False
+    if not Path(value).is_file():
+        raise click.BadParameter(f"{value!r} is neither true, false nor a certificate file")
+    return value
+
+
+def _url(value: str) -> str:
+    """A pylxd endpoint URL; a socket path (``/…`` or ``unix:/…``) becomes ``http+unix``."""
+    path = value.removeprefix("unix:") if value.startswith("unix:") else value
+    if path.startswith("/"):
+        return "http+unix://" + quote(path, safe="")
+    return value
+
+
+def _tls(
+    endpoint: IncusEndpoint, entry: dict[str, Any], cert: tuple[str, str] | None, verify: bool | str
+) -> IncusEndpoint:
+    own_cert = entry.get("client_cert"), entry.get("client_key")
+    chosen_cert = (str(own_cert[0]), str(own_cert[1])) if all(own_cert) else cert
+    chosen_verify: bool | str = verify
+    if "verify" in entry:
+        raw = entry["verify"]
+        chosen_verify = raw if isinstance(raw, bool) else str(raw)
+    if not endpoint.url.startswith("https://"):
+        return endpoint
+    return dataclasses.replace(endpoint, cert=chosen_cert, verify=chosen_verify)
+
+
+def load_endpoints(
+    *,
+    fleet_file: Path | None,
+    pairs: Iterable[str] = (),
+    only: Iterable[str] = (),
+    cert: tuple[str, str] | None = None,
+    verify: bool | str = True,
+) -> tuple[IncusEndpoint, ...]:
+    """The managed hosts' endpoints, by host name (see the module's rules)."""
+    found: dict[str, IncusEndpoint] = {}
+    entries: dict[str, dict[str, Any]] = {}
+    if fleet_file is not None:
+        try:
+            raw = orjson.loads(fleet_file.read_bytes())
+            entries = {str(k): dict(v) for k, v in raw["hosts"].items()}
+            for endpoint in endpoints_from_fleet_file(fleet_file):
+                found[endpoint.host] = endpoint
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise click.BadParameter(
+                f"cannot read fleet file {fleet_file}: {exc!r}", param_hint="--incus-fleet"
+            ) from exc
+    for pair in pairs:
+        host, sep, url = pair.partition("=")
+        if not sep or not host or not url:
+            raise click.BadParameter(f"{pair!r} is not HOST=URL", param_hint="--incus")
+        found[host] = IncusEndpoint(host=host, url=_url(url))
+        entries.pop(host, None)
+    wanted = set(only)
+    if wanted:
+        unknown = wanted - set(found)
+        if unknown:
+            raise click.BadParameter(f"not in the fleet: {sorted(unknown)}", param_hint="--host")
+        found = {h: e for h, e in found.items() if h in wanted}
+    return tuple(_tls(found[h], entries.get(h, {}), cert, verify) for h in sorted(found))
+
+
+@click.command("executor")
+@_incus(
+    "incus-fleet",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help='Fleet file: {"hosts": {"<host>": {"url": "https://10.0.0.5:8443"}, ...}} '
+    "(what sim-incus --fleet-file writes; see README).",
+)
+@_incus(
+    "incus",
+    "incus_pairs",
+    multiple=True,
+    metavar="HOST=URL",
+    help="A host and its endpoint (https://…:8443, or a unix socket path); repeatable.",
+)
+@_own("host", "only_hosts", multiple=True, help="Manage only this host of the fleet; repeatable.")
+@_incus(
+    "incus-cert",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Client certificate (PEM) for https endpoints; needs --incus-key.",
+)
+@_incus(
+    "incus-key",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Client certificate's private key (PEM).",
+)
+@_incus(
+    "incus-verify",
+    default="true",
+    show_default=True,
+    help="Verify https endpoints: true, false, or a CA bundle / server certificate file.",
+)
+@_incus(
+    "incus-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Seconds one HTTP request to Incus may take.",
+)
+@_incus(
+    "incus-operation-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=120.0,
+    show_default=True,
+    help="Seconds an Incus operation (create, start, stop, delete) may take.",
+)
+@_own(
+    "storage-pool",
+    default="default",
+    show_default=True,
+    help="Storage pool of the root disk of created VMs.",
+)
+@bus_options
+@_own(
+    "db",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("executor.db"),
+    show_default=True,
+    help="SQLite file of finished command ids.",
+)
+@_own(
+    "workers",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Instances of each host worked on at once.",
+)
+@_own(
+    "ack-wait",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Seconds JetStream waits for an ack (held commands send in_progress 4 times as often).",
+)
+@_own(
+    "max-in-hand",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Commands held per host at most (the consumer's max_ack_pending).",
+)
+@_own(
+    "retry-base",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Seconds before the first retry of a failed command; doubles per failure.",
+)
+@_own(
+    "retry-cap",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Longest wait between retries.",
+)
+@_own(
+    "max-attempts",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Attempts of a command whose failure may pass (unreachable hosts are retried forever).",
+)
+@_own(
+    "retention",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_RETENTION_S,
+    show_default=True,
+    help="Seconds finished command ids are remembered.",
+)
+@_own(
+    "catch-up",
+    type=click.FloatRange(min=0),
+    default=3600.0,
+    show_default=True,
+    help="A host's consumer created now delivers the commands of the last SECONDS (0: new only).",
+)
+@log_options
+def executor(**kwargs: Any) -> None:
+    """Carry out the reconciler's create and delete commands on Incus hosts.
+
+    One durable consumer per host on <PREFIX>_OUT (<prefix>.out.exec.<host>.>); each
+    instance's commands in order, instances in parallel; every command id acted on once.
+    SIGTERM or SIGINT finishes the commands running and exits; a second one exits at once.
+    """
+    common = common_from(kwargs, name="reconciler-executor")
+    cert_file, key_file = kwargs["incus_cert"], kwargs["incus_key"]
+    if bool(cert_file) != bool(key_file):
+        raise click.UsageError("--incus-cert and --incus-key go together")
+    endpoints = load_endpoints(
+        fleet_file=kwargs["incus_fleet"],
+        pairs=kwargs["incus_pairs"],
+        only=kwargs["only_hosts"],
+        cert=(str(cert_file), str(key_file)) if cert_file else None,
+        verify=parse_verify(kwargs["incus_verify"]),
+    )
+    if not endpoints:
+        raise click.UsageError("no Incus host to manage: give --incus-fleet or --incus")
+    try:
+        config = ExecutorConfig(
+            endpoints=endpoints,
+            nats=common.nats,
+            prefix=common.prefix,
+            db=kwargs["db"],
+            workers=kwargs["workers"],
+            ack_wait_s=kwargs["ack_wait"],
+            max_in_hand=kwargs["max_in_hand"],
+            retry_base_s=kwargs["retry_base"],
+            retry_cap_s=max(kwargs["retry_cap"], kwargs["retry_base"]),
+            max_attempts=kwargs["max_attempts"],
+            retention_s=kwargs["retention"],
+            catch_up_s=kwargs["catch_up"],
+            storage_pool=kwargs["storage_pool"],
+            request_timeout_s=kwargs["incus_timeout"],
+            operation_timeout_s=kwargs["incus_operation_timeout"],
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    try:
+        anyio.run(run_until_signalled, config)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+async def run_until_signalled(config: ExecutorConfig) -> None:
+    """Run an :class:`Executor` until SIGTERM/SIGINT (a second one stops it at once)."""
+    runner = Executor(config)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+
+        async def on_signals() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    if stop.is_set():
+                        tg.cancel_scope.cancel()
+                        return
+                    name = signal.Signals(signum).name
+                    click.echo(f"{name}: finishing the commands running", err=True)
+                    stop.set()
+
+        tg.start_soon(on_signals)
+        await runner.run(stop=stop)
+        tg.cancel_scope.cancel()
+
+
+if __name__ == "__main__":
+    executor(prog_name="reconciler executor")

@@ -1,0 +1,745 @@
+"""``reconciler executor``: the reconciler's create and delete commands, carried out on Incus.
+
+Rules (CONTRACT.md, "Other outputs"):
+
+- **One durable pull consumer per managed host** on the OUT stream, named
+  ``executor-<host>`` and filtered to ``<prefix>.out.exec.<host>.>`` (nats-server 2.9: one
+  filter subject per consumer), explicit acks. A consumer created for the first time
+  delivers the commands of the last ``catch_up_s`` seconds (0: only new ones), so an
+  executor started after the reconciler still gets the creates it is waiting for, and a
+  new executor on an old stream does not replay a month of history. Run one executor
+  per host at a time.
+- **Held until finished.** A fetched message is *held* until its command is finished;
+  every held message gets ``in_progress`` every ``heartbeat_interval_s`` (a quarter of
+  ``ack_wait_s`` by default), whether it runs, waits behind another command of its
+  instance, or waits for a retry, so JetStream never redelivers it mid-work. A host has
+  at most ``max_in_hand`` messages held (also the consumer's ``max_ack_pending``). A
+  redelivery of a held message (after a NATS outage longer than ``ack_wait``) only
+  replaces the handle the ack will use.
+- **Refused before Incus**: a message that is too large, not JSON, on a wrong subject,
+  fails its JSON Schema, names another host, or names an invalid instance
+  (:mod:`reconciler.controller.executor_commands`) is logged with the reason and
+  terminated; it never reaches Incus.
+- **One key per instance** (``host/project/instance``) on its host's keyed work queue:
+  each instance has a FIFO of its commands, in stream order; a worker runs only its
+  head, so one instance's commands run in order and never two at once, while
+  ``workers`` instances of each host run in parallel. Hosts have their own queues and
+  workers, so a host that does not answer never holds up the others.
+- **Once per command id.** Before acting, the head's ``command_id`` is looked up in the
+  executor's database (:mod:`reconciler.controller.executor_store`); a finished one is
+  acked without acting. Every outcome is recorded *before* the ack. A create whose
+  lease's VM was already deleted is ``superseded`` (a create redelivered after a crash
+  can arrive after the delete that followed it; it must not bring the VM back).
+- **delete** = a GET (to log what was there), then
+  :meth:`~reconciler.incus.client.IncusHost.destroy_instance`: forced stop tolerating
+  "already stopped" and 404, then DELETE tolerating 404. A missing instance (or project)
+  is done: ``absent``. **create** = the pool's image and profiles, the demand as limits
+  and root size, GPUs by PCI address, the lease tags (``user.rc.lease-id``,
+  ``user.rc.pool``, ``user.rc.kind`` = ``warm``); idempotent for the same lease; then
+  start. Effects come back through the bridge as lifecycle events: the executor never
+  publishes anything.
+- **Failures** are sorted by :func:`~reconciler.controller.executor_commands.classify`:
+  temporary ones (host unreachable, operation timed out, instance busy) are retried with
+  the queue's per-key exponential backoff (``retry_base_s`` doubling up to
+  ``retry_cap_s``) for as long as it takes; failures that may pass are retried up to
+  ``max_attempts`` times, then recorded ``gave-up`` and terminated; a definite refusal by
+  Incus is recorded ``rejected`` and terminated at once.
+- **NATS trouble is waited out**, never raised: a missing stream, a failed fetch, a
+  reconnect (the server forgets pull requests) or a stalled fetch rebinds the consumer
+  after ``reconnect_wait_s``; acks lost with the connection cost a redelivery, which the
+  database answers.
+- **Shutdown** (``stop`` set): stop fetching, let the commands that are running finish
+  and ack them, ``nak`` every held command not started (so the next executor gets them
+  at once, in stream order), flush, close. Cancelling :meth:`Executor.run` instead
+  abandons everything un-acked to JetStream's redelivery after ``ack_wait_s``.
+- Structured logs say what was done and why: ``command.done`` (command id, verb, host,
+  project, instance, lease, reason or pool, outcome, detail, attempts, duration),
+  ``command.retry``, ``command.rejected``, ``command.gave_up``, ``command.refused``,
+  ``command.duplicate``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import anyio
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext, api
+from nats.js.errors import FetchTimeoutError, NotFoundError
+
+from reconciler.bus.connection import ConnectOptions, connect
+from reconciler.bus.streams import StreamNames
+from reconciler.controller.executor_commands import (
+    Command,
+    CommandParser,
+    CreateCommand,
+    DeleteCommand,
+    Refusal,
+    Retry,
+    classify,
+    invalid_instance_name,
+)
+from reconciler.controller.executor_store import ExecutorStore, FinishedCommand
+from reconciler.controller.workqueue import TemporaryError, WorkQueue, run_workers
+from reconciler.incus.client import IncusEndpoint, IncusHost
+from reconciler.incus.errors import IncusError, NotFound
+
+__all__ = ["Executor", "ExecutorConfig", "consumer_name"]
+
+logger = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_RETENTION_S = 7 * 24 * 3600.0
+
+
+def consumer_name(host: str) -> str:
+    """The durable consumer of ``host``'s commands."""
+    return f"executor-{host}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutorConfig:
+    """Everything ``reconciler executor`` is configured with (seconds for durations)."""
+
+    endpoints: tuple[IncusEndpoint, ...]
+    nats: ConnectOptions = field(default_factory=ConnectOptions)
+    prefix: str = "rc"
+    db: Path = Path("executor.db")
+    #: instances worked on at once, per host
+    workers: int = 4
+    ack_wait_s: float = 120.0
+    #: ``in_progress`` interval for held messages; ``None``: a quarter of ``ack_wait_s``
+    heartbeat_s: float | None = None
+    #: messages held per host at most (the consumer's ``max_ack_pending``)
+    max_in_hand: int = 64
+    fetch_batch: int = 16
+    fetch_timeout_s: float = 1.0
+    #: how long to wait before binding again after NATS trouble
+    reconnect_wait_s: float = 2.0
+    retry_base_s: float = 1.0
+    retry_cap_s: float = 60.0
+    #: attempts of a command whose failure may pass (not of temporary failures)
+    max_attempts: int = 10
+    retention_s: float = DEFAULT_RETENTION_S
+    prune_interval_s: float = 3600.0
+    #: a new consumer delivers the commands of the last ``catch_up_s`` (0: only new ones)
+    catch_up_s: float = 3600.0
+    #: the storage pool of created VMs' root disks
+    storage_pool: str = "default"
+    request_timeout_s: float = 10.0
+    operation_timeout_s: float = 120.0
+    #: concurrent Incus calls per host
+    incus_concurrency: int = 4
+
+    def __post_init__(self) -> None:
+        if not self.endpoints:
+            raise ValueError("the executor needs at least one Incus host")
+        names = [e.host for e in self.endpoints]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a host is listed twice: {sorted(names)}")
+        for name in names:
+            problem = invalid_instance_name(name)
+            if problem is not None:
+                raise ValueError(f"host name {name!r} {problem}")
+        StreamNames.for_prefix(self.prefix)  # validates the prefix
+        positive = (
+            "ack_wait_s",
+            "fetch_timeout_s",
+            "reconnect_wait_s",
+            "retry_base_s",
+            "retry_cap_s",
+            "retention_s",
+            "prune_interval_s",
+            "request_timeout_s",
+            "operation_timeout_s",
+        )
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("workers", "max_in_hand", "fetch_batch", "max_attempts", "incus_concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.retry_base_s > self.retry_cap_s:
+            raise ValueError("retry_base_s must not exceed retry_cap_s")
+        if self.catch_up_s < 0:
+            raise ValueError("catch_up_s must be >= 0")
+        if self.heartbeat_s is not None and not 0 < self.heartbeat_s < self.ack_wait_s:
+            raise ValueError("heartbeat_s must be > 0 and shorter than ack_wait_s")
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return self.heartbeat_s if self.heartbeat_s is not None else self.ack_wait_s / 4
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return tuple(e.host for e in self.endpoints)
+
+
+@dataclass(eq=False)
+class _Held:
+    """A fetched message whose command is not finished yet."""
+
+    host: str
+    stream_seq: int
+    command: Command
+    msg: Msg
+    delivered: int
+    received: float
+    started: float | None = None
+    attempts: int = 0
+
+    def log_fields(self) -> dict[str, Any]:
+        return {**self.command.log_fields(), "stream_seq": self.stream_seq}
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Verdict:
+    """How a held command ends: recorded with ``outcome`` and acked, or terminated."""
+
+    outcome: str
+    detail: str
+    reply: Literal["ack", "term"] = "ack"
+    earlier: FinishedCommand | None = None  # set for a duplicate: nothing is recorded
+
+
+class Executor:
+    """Runs ``reconciler executor`` until ``stop`` is set (see the module's rules)."""
+
+    def __init__(
+        self,
+        config: ExecutorConfig,
+        *,
+        store: ExecutorStore | None = None,
+        parser: CommandParser | None = None,
+    ) -> None:
+        self.config = config
+        self.names = StreamNames.for_prefix(config.prefix)
+        self._parser = parser or CommandParser()
+        self._given_store = store
+        self._store: ExecutorStore | None = store
+        self.hosts: dict[str, IncusHost] = {
+            e.host: IncusHost(
+                e,
+                request_timeout_s=config.request_timeout_s,
+                operation_timeout_s=config.operation_timeout_s,
+                max_concurrent_calls=config.incus_concurrency,
+            )
+            for e in config.endpoints
+        }
+        self.queues: dict[str, WorkQueue[str]] = {
+            host: WorkQueue(
+                name=f"executor-{host}",
+                backoff_base=config.retry_base_s,
+                backoff_cap=config.retry_cap_s,
+            )
+            for host in config.hosts
+        }
+        self._held: dict[tuple[str, int], _Held] = {}
+        self._held_per_host: Counter[str] = Counter()
+        self._fifos: dict[str, deque[_Held]] = {}
+        self._room = anyio.Event()
+        self._bound: set[str] = set()
+        #: set once every host's consumer is bound (the executor fetches commands)
+        self.ready = anyio.Event()
+        #: how many commands ended how: outcomes, ``duplicate``, ``refused``, ``retry``
+        self.stats: Counter[str] = Counter()
+
+    @property
+    def store(self) -> ExecutorStore:
+        if self._store is None:
+            raise RuntimeError("the executor's database is open only while it runs")
+        return self._store
+
+    def held(self) -> int:
+        """Messages held now (fetched, command not finished)."""
+        return len(self._held)
+
+    # ------------------------------------------------------------------ lifetime
+
+    async def run(self, *, stop: anyio.Event | None = None) -> None:
+        """Run until ``stop`` is set, then shut down gracefully (module rules)."""
+        stop = stop or anyio.Event()
+        config = self.config
+        logger.info(
+            "executor.starting",
+            hosts=list(config.hosts),
+            prefix=config.prefix,
+            db=str(config.db),
+            workers=config.workers,
+            ack_wait_s=config.ack_wait_s,
+        )
+        if self._store is None:
+            self._store = await ExecutorStore.open(config.db)
+        nc: Client | None = None
+        try:
+            nc = await _unless_stopped(stop, lambda: connect(config.nats))
+            if nc is not None:
+                await self._serve(nc, stop)
+        finally:
+            with anyio.CancelScope(shield=True):
+                if nc is not None:
+                    await _close(nc)
+                for host in self.hosts.values():
+                    await host.aclose()
+                if self._given_store is None and self._store is not None:
+                    await self._store.close()
+                    self._store = None
+        logger.info("executor.stopped", **{k: v for k, v in sorted(self.stats.items())})
+
+    async def _serve(self, nc: Client, stop: anyio.Event) -> None:
+        js = nc.jetstream()
+        async with anyio.create_task_group() as background:
+            background.start_soon(self._heartbeats, name="executor-heartbeats")
+            background.start_soon(self._prune, name="executor-prune")
+            async with anyio.create_task_group() as work:
+                work.start_soon(self._work, name="executor-workers")
+                async with anyio.create_task_group() as fetchers:
+                    for host in self.config.hosts:
+                        fetchers.start_soon(self._consume, nc, js, host, stop, name=host)
+                running = sum(len(q.processing()) for q in self.queues.values())
+                logger.info("executor.stopping", running=running, held=len(self._held))
+                async with anyio.create_task_group() as draining:
+                    for queue in self.queues.values():
+                        draining.start_soon(queue.shutdown_and_drain)
+            await self._release_unstarted()
+            try:
+                with anyio.fail_after(5):
+                    await nc.flush()
+            except Exception as exc:  # acks not confirmed: redelivery meets the records
+                logger.warning("executor.flush_failed", error=repr(exc))
+            background.cancel_scope.cancel()
+
+    # ------------------------------------------------------------------ consuming
+
+    async def _consume(
+        self, nc: Client, js: JetStreamContext, host: str, stop: anyio.Event
+    ) -> None:
+        """Fetch ``host``'s commands into the queue until ``stop``; never raises for NATS."""
+        config = self.config
+        log = logger.bind(host=host, consumer=consumer_name(host))
+        sub: JetStreamContext.PullSubscription | None = None
+        reconnects = -1
+        try:
+            while not stop.is_set():
+                room = config.max_in_hand - self._held_per_host[host]
+                if room <= 0:
+                    await self._wait_for_room()
+                    continue
+                if sub is None or nc.stats["reconnects"] != reconnects:
+                    await _unsubscribe(sub)
+                    reconnects = nc.stats["reconnects"]
+                    sub = await self._bind(js, host, log)
+                    if sub is None:
+                        await _pause(stop, config.reconnect_wait_s)
+                        continue
+                msgs: list[Msg] = []
+                grace = config.fetch_timeout_s + 5.0
+                with anyio.move_on_after(grace) as watchdog:
+                    try:
+                        msgs = await sub.fetch(
+                            min(config.fetch_batch, room), timeout=config.fetch_timeout_s
+                        )
+                    except (TimeoutError, NatsTimeoutError, FetchTimeoutError):
+                        pass
+                    except Exception as exc:  # closed, reconnecting, consumer gone
+                        log.warning("consumer.fetch_failed", error=repr(exc))
+                        await _unsubscribe(sub)
+                        sub = None
+                        await _pause(stop, config.reconnect_wait_s)
+                if watchdog.cancelled_caught:
+                    log.warning("consumer.fetch_stalled")
+                    await _unsubscribe(sub)
+                    sub = None
+                for msg in msgs:
+                    await self._receive(host, msg, log)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _unsubscribe(sub)
+
+    async def _bind(
+        self, js: JetStreamContext, host: str, log: Any
+    ) -> JetStreamContext.PullSubscription | None:
+        """Ensure ``host``'s consumer and bind to it; ``None`` (logged) on trouble."""
+        durable = consumer_name(host)
+        try:
+            with anyio.fail_after(self.config.fetch_timeout_s + 10.0):
+                await self._ensure_consumer(js, host, log)
+                sub = await js.pull_subscribe_bind(
+                    durable=durable,
+                    stream=self.names.out_stream,
+                    pending_msgs_limit=max(4 * self.config.max_in_hand, 256),
+                )
+        except NotFoundError as exc:  # the stream is not there yet (or the consumer went)
+            log.warning(
+                "consumer.not_found",
+                stream=self.names.out_stream,
+                error=exc.description or repr(exc),
+            )
+            return None
+        except Exception as exc:
+            log.warning("consumer.bind_failed", error=repr(exc))
+            return None
+        log.info("consumer.bound", stream=self.names.out_stream)
+        self._bound.add(host)
+        if len(self._bound) == len(self.config.hosts):
+            self.ready.set()
+        return sub
+
+    async def _ensure_consumer(self, js: JetStreamContext, host: str, log: Any) -> None:
+        config = self.config
+        stream, durable = self.names.out_stream, consumer_name(host)
+        filter_subject = f"{config.prefix}.out.exec.{host}.>"
+        try:
+            info = await js.consumer_info(stream, durable)
+        except NotFoundError:
+            pass
+        else:
+            current = info.config
+            changes: dict[str, Any] = {}
+            if abs(float(current.ack_wait or 0) - config.ack_wait_s) > 1e-3:
+                changes["ack_wait"] = config.ack_wait_s
+            if current.max_ack_pending != config.max_in_hand:
+                changes["max_ack_pending"] = config.max_in_hand
+            if current.filter_subject != filter_subject:
+                # Bound to it, this executor would refuse (terminate) other hosts' commands.
+                raise RuntimeError(
+                    f"consumer {durable} filters {current.filter_subject!r}, not "
+                    f"{filter_subject!r}: delete it to have it recreated"
+                )
+            if changes:
+                try:
+                    await js.add_consumer(stream, config=current.evolve(**changes))
+                    log.info("consumer.updated", **changes)
+                except Exception as exc:  # keep working with the consumer as it is
+                    log.warning("consumer.update_failed", error=repr(exc), **changes)
+            return
+        consumer = api.ConsumerConfig(
+            durable_name=durable,
+            description=f"reconciler executor of host {host}",
+            filter_subject=filter_subject,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=config.ack_wait_s,
+            max_deliver=-1,
+            max_ack_pending=config.max_in_hand,
+            replay_policy=api.ReplayPolicy.INSTANT,
+        )
+        if config.catch_up_s > 0:
+            start = await self._first_seq_since(js, filter_subject, config.catch_up_s)
+            consumer.deliver_policy = api.DeliverPolicy.BY_START_SEQUENCE
+            consumer.opt_start_seq = start
+        else:
+            start = None
+            consumer.deliver_policy = api.DeliverPolicy.NEW
+        await js.add_consumer(stream, config=consumer)
+        log.info(
+            "consumer.created",
+            filter_subject=filter_subject,
+            ack_wait_s=config.ack_wait_s,
+            catch_up_s=config.catch_up_s,
+            start_seq=start,
+        )
+
+    async def _first_seq_since(
+        self, js: JetStreamContext, filter_subject: str, seconds: float
+    ) -> int:
+        """The stream sequence of the first command of ``filter_subject`` stored in the
+        last ``seconds`` (or the next sequence when there is none), found by a short-lived
+        consumer that starts by time. The durable consumer then starts by sequence: a
+        consumer that starts by time cannot be updated on nats-server 2.9 ("start time
+        can not be updated"), one that starts by sequence can."""
+        stream = self.names.out_stream
+        last = int((await js.stream_info(stream)).state.last_seq or 0)
+        since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
+        probe = await js.pull_subscribe(
+            filter_subject,
+            stream=stream,
+            config=api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.BY_START_TIME,
+                opt_start_time=since,
+                ack_policy=api.AckPolicy.NONE,
+                inactive_threshold=30.0,
+            ),
+        )
+        try:
+            if (await probe.consumer_info()).num_pending:
+                found = await probe.fetch(1, timeout=5)
+                return int(found[0].metadata.sequence.stream)
+            return last + 1
+        finally:
+            await _unsubscribe(probe)
+
+    async def _receive(self, host: str, msg: Msg, log: Any) -> None:
+        """Hold a fetched message and queue its instance, or refuse it (terminated)."""
+        try:
+            meta = msg.metadata
+        except Exception:  # not a JetStream delivery: nothing to ack
+            log.warning("command.not_a_delivery", subject=msg.subject, reply=msg.reply)
+            return
+        seq, delivered = int(meta.sequence.stream), int(meta.num_delivered)
+        held = self._held.get((host, seq))
+        if held is not None:  # redelivered while held: ack with the newest handle
+            held.msg, held.delivered = msg, delivered
+            log.info("command.redelivered_while_held", stream_seq=seq, delivered=delivered)
+            return
+        parsed = self._parser.parse(msg.subject, msg.data, prefix=self.config.prefix, host=host)
+        if isinstance(parsed, Refusal):
+            self.stats["refused"] += 1
+            log.warning(
+                "command.refused",
+                subject=msg.subject,
+                stream_seq=seq,
+                delivered=delivered,
+                **parsed.log_fields(),
+            )
+            await _reply(msg, "term", log)
+            return
+        held = _Held(
+            host=host,
+            stream_seq=seq,
+            command=parsed,
+            msg=msg,
+            delivered=delivered,
+            received=time.monotonic(),
+        )
+        self._held[(host, seq)] = held
+        self._held_per_host[host] += 1
+        self._fifos.setdefault(parsed.key, deque()).append(held)
+        self.queues[host].add(parsed.key)
+        log.debug("command.received", delivered=delivered, **held.log_fields())
+
+    async def _wait_for_room(self) -> None:
+        """Until a held message is released (or a fetch timeout passes: stop is checked)."""
+        with anyio.move_on_after(self.config.fetch_timeout_s):
+            await self._room.wait()
+
+    # ------------------------------------------------------------------ working
+
+    async def _work(self) -> None:
+        async with anyio.create_task_group() as tg:
+            for host, queue in self.queues.items():
+                handler = functools.partial(self._handle, queue)
+                tg.start_soon(
+                    functools.partial(run_workers, queue, handler, workers=self.config.workers),
+                    name=f"executor-workers-{host}",
+                )
+
+    async def _handle(self, queue: WorkQueue[str], key: str) -> None:
+        """Work on the head command of instance ``key``; raise TemporaryError to retry."""
+        fifo = self._fifos.get(key)
+        if not fifo:
+            self._fifos.pop(key, None)
+            return
+        held = fifo[0]
+        verdict = await self._decide(held)
+        await self._settle(held, verdict)
+        fifo.popleft()
+        self._unhold(held)
+        if fifo:
+            queue.add(key)  # the next command of this instance, after this run
+        else:
+            del self._fifos[key]
+
+    async def _decide(self, held: _Held) -> _Verdict:
+        command = held.command
+        store = self.store
+        earlier = await store.finished(command.command_id)
+        if earlier is not None:
+            return _Verdict(outcome=earlier.outcome, detail=earlier.detail, earlier=earlier)
+        if isinstance(command, CreateCommand):
+            deleted = await store.lease_deleted(host=command.host, lease_id=command.lease_id)
+            if deleted is not None:
+                return _Verdict(
+                    outcome="superseded",
+                    detail=f"the lease's VM was deleted by {deleted.command_id}",
+                )
+        held.attempts += 1
+        if held.started is None:
+            held.started = time.monotonic()
+        try:
+            outcome, detail = await self._act(command)
+        except IncusError as exc:
+            failure = classify(exc)
+            detail = f"{failure.reason}: {failure.error}"
+            if failure.retry is Retry.NEVER:
+                return _Verdict(outcome="rejected", detail=detail, reply="term")
+            if failure.retry is Retry.LIMITED and held.attempts >= self.config.max_attempts:
+                return _Verdict(outcome="gave-up", detail=detail, reply="term")
+            self.stats["retry"] += 1
+            logger.warning(
+                "command.retry",
+                **held.log_fields(),
+                attempt=held.attempts,
+                failure=failure.reason,
+                retry=failure.retry.value,
+                error=failure.error,
+            )
+            raise TemporaryError(detail) from exc
+        return _Verdict(outcome=outcome, detail=detail)
+
+    async def _act(self, command: Command) -> tuple[str, str]:
+        """Carry ``command`` out on its host: ``(outcome, detail)``; Incus errors raise."""
+        host = self.hosts[command.host]
+        if isinstance(command, DeleteCommand):
+            try:
+                view = await host.get_instance(command.instance, project=command.project)
+                if view is None:
+                    return "absent", "no such instance"
+                await host.destroy_instance(command.instance, project=command.project)
+            except NotFound as exc:  # the project (or the instance) is gone: so is the VM
+                return "absent", exc.message
+            tagged = view.lease_id
+            owner = "" if tagged in (None, command.lease_id) else f", tagged lease {tagged}"
+            return "deleted", f"was {view.status}{owner}"
+        spec = command.spec(storage_pool=self.config.storage_pool)
+        view = await host.create_instance(spec)
+        await host.start_instance(command.instance, project=command.project)
+        return "created", f"started (was {view.status} after create)"
+
+    async def _settle(self, held: _Held, verdict: _Verdict) -> None:
+        """Record the verdict (unless a duplicate), then ack or terminate the message."""
+        command = held.command
+        now = time.monotonic()
+        fields = {
+            **held.log_fields(),
+            "outcome": verdict.outcome,
+            "detail": verdict.detail,
+            "attempts": held.attempts,
+            "delivered": held.delivered,
+            "waited_s": round((held.started or now) - held.received, 3),
+            "duration_s": round(now - held.started, 3) if held.started is not None else 0.0,
+        }
+        if verdict.earlier is not None:
+            self.stats["duplicate"] += 1
+            logger.info("command.duplicate", **fields, first_seq=verdict.earlier.stream_seq)
+            await _reply(held.msg, "ack", logger)
+            return
+        await self.store.record(
+            FinishedCommand(
+                command_id=command.command_id,
+                verb=command.verb,
+                host=command.host,
+                project=command.project,
+                instance=command.instance,
+                lease_id=command.lease_id,
+                outcome=verdict.outcome,
+                detail=verdict.detail,
+                stream_seq=held.stream_seq,
+                attempts=held.attempts,
+            )
+        )
+        self.stats[verdict.outcome] += 1
+        if verdict.outcome == "rejected":
+            logger.error("command.rejected", **fields)
+        elif verdict.outcome == "gave-up":
+            logger.error("command.gave_up", **fields)
+        else:
+            logger.info("command.done", **fields)
+        await _reply(held.msg, verdict.reply, logger)
+
+    def _unhold(self, held: _Held) -> None:
+        if self._held.pop((held.host, held.stream_seq), None) is not None:
+            self._held_per_host[held.host] -= 1
+        self._room.set()
+        self._room = anyio.Event()
+
+    async def _release_unstarted(self) -> None:
+        """At shutdown: ``nak`` every held command not finished, in stream order."""
+        left = sorted(self._held.values(), key=lambda h: (h.host, h.stream_seq))
+        for held in left:
+            await _reply(held.msg, "nak", logger)
+        if left:
+            logger.info("executor.released_unfinished", count=len(left))
+        self._held.clear()
+        self._held_per_host.clear()
+        self._fifos.clear()
+
+    # ------------------------------------------------------------------ background
+
+    async def _heartbeats(self) -> None:
+        """``in_progress`` for every held message, every heartbeat interval."""
+        while True:
+            await anyio.sleep(self.config.heartbeat_interval_s)
+            for held in list(self._held.values()):
+                try:
+                    await held.msg.in_progress()
+                except Exception as exc:  # closed or reconnecting: redelivery is handled
+                    logger.debug("command.heartbeat_failed", error=repr(exc))
+
+    async def _prune(self) -> None:
+        while True:
+            try:
+                dropped = await self.store.prune(retention_s=self.config.retention_s)
+            except Exception as exc:
+                logger.warning("executor.prune_failed", error=repr(exc))
+            else:
+                if dropped:
+                    logger.info("executor.pruned", records=dropped)
+            await anyio.sleep(self.config.prune_interval_s)
+
+
+# ---------------------------------------------------------------------------- helpers
+
+Reply = Literal["ack", "term", "nak"]
+
+
+async def _reply(msg: Msg, reply: Reply, log: Any) -> None:
+    """Ack, terminate or nak ``msg``; a failure is logged (redelivery is handled)."""
+    try:
+        if reply == "ack":
+            await msg.ack()
+        elif reply == "term":
+            await msg.term()
+        else:
+            await msg.nak()
+    except Exception as exc:
+        log.warning("command.reply_failed", reply=reply, error=repr(exc), subject=msg.subject)
+
+
+async def _pause(stop: anyio.Event, seconds: float) -> None:
+    """Sleep ``seconds``, or less if ``stop`` is set meanwhile."""
+    with anyio.move_on_after(seconds):
+        await stop.wait()
+
+
+async def _unless_stopped(stop: anyio.Event, make: Callable[[], Awaitable[T]]) -> T | None:
+    """``await make()``, or ``None`` if ``stop`` is set first (``make`` is cancelled)."""
+    result: T | None = None
+    async with anyio.create_task_group() as tg:
+
+        async def on_stop() -> None:
+            await stop.wait()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(on_stop)
+        result = await make()
+        tg.cancel_scope.cancel()
+    return result
+
+
+async def _unsubscribe(sub: JetStreamContext.PullSubscription | None) -> None:
+    """Drop a pull subscription (best effort)."""
+    if sub is not None:
+        try:
+            with anyio.fail_after(2):
+                await sub.unsubscribe()
+        except Exception as exc:  # a dead connection: nothing to undo
+            logger.debug("consumer.unsubscribe_failed", error=repr(exc))
+
+
+async def _close(nc: Client) -> None:
+    try:
+        with anyio.fail_after(5):
+            await nc.close()
+    except Exception as exc:
+        logger.warning("nats.close_failed", error=repr(exc))
