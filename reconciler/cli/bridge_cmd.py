@@ -13,14 +13,15 @@ import orjson
 from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.streams import StreamNames, ensure_streams
 from reconciler.cli.options import (
+    IncusOptions,
     bus_options,
     common_from,
-    incus_endpoints,
+    incus_from,
     incus_options,
     log_options,
 )
 from reconciler.controller.bridge import Bridge, HostBridge, HostSettings, settings_from_json
-from reconciler.incus.client import IncusEndpoint, IncusHost
+from reconciler.incus.client import IncusHost
 
 __all__ = ["bridge"]
 
@@ -55,8 +56,8 @@ def bridge(hosts_config: Path | None, resync_interval: float, **kwargs: Any) -> 
     (re)connection, soon after instances are created or deleted, and periodically.
     """
     common = common_from(kwargs, name="reconciler-bridge")
-    endpoints = incus_endpoints(kwargs)
-    if not endpoints:
+    incus = incus_from(kwargs)
+    if not incus.endpoints:
         raise click.UsageError("no Incus hosts: give --incus-fleet FILE or --incus HOST=URL")
     settings = {"*": HostSettings()}
     if hosts_config is not None:
@@ -64,21 +65,26 @@ def bridge(hosts_config: Path | None, resync_interval: float, **kwargs: Any) -> 
             settings = settings_from_json(orjson.loads(hosts_config.read_bytes()))
         except (OSError, ValueError, TypeError) as exc:
             raise click.BadParameter(f"{hosts_config}: {exc}") from exc
-    anyio.run(
-        lambda: _run(common.nats, common.prefix, endpoints, settings, resync_s=resync_interval)
-    )
+    anyio.run(lambda: _run(common.nats, common.prefix, incus, settings, resync_s=resync_interval))
 
 
 async def _run(
     nats: ConnectOptions,
     prefix: str,
-    endpoints: tuple[IncusEndpoint, ...],
+    incus: IncusOptions,
     settings: dict[str, HostSettings],
     *,
     resync_s: float,
 ) -> None:
     nc = await connect(nats)
-    hosts = [IncusHost(ep) for ep in endpoints]
+    hosts = [
+        IncusHost(
+            ep,
+            request_timeout_s=incus.request_timeout_s,
+            operation_timeout_s=incus.operation_timeout_s,
+        )
+        for ep in incus.endpoints
+    ]
     try:
         js = nc.jetstream()
         await ensure_streams(js, StreamNames.for_prefix(prefix))

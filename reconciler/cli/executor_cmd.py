@@ -19,31 +19,29 @@ Rules:
 
 from __future__ import annotations
 
-import dataclasses
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 import anyio
 import click
-import orjson
 
-from reconciler.cli.options import bus_options, common_from, log_options
+from reconciler.cli.options import (
+    bus_options,
+    common_from,
+    incus_from,
+    incus_options,
+    load_endpoints,
+    log_options,
+    parse_verify,
+)
 from reconciler.controller.executor import DEFAULT_RETENTION_S, Executor, ExecutorConfig
-from reconciler.incus.client import IncusEndpoint, endpoints_from_fleet_file
 from reconciler.store.errors import StoreError
 
-__all__ = ["executor", "load_endpoints", "parse_verify"]
+__all__ = ["executor", "load_endpoints", "parse_verify", "run_until_signalled"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _incus(name: str, *dest: str, **kwargs: Any) -> Callable[[F], F]:
-    """An Incus option: environment variable ``RC_<NAME>`` (shared with the bridge)."""
-    env = "RC_" + name.upper().replace("-", "_")
-    return click.option(f"--{name}", *dest, envvar=env, show_envvar=True, **kwargs)
 
 
 def _own(name: str, *dest: str, **kwargs: Any) -> Callable[[F], F]:
@@ -52,121 +50,9 @@ def _own(name: str, *dest: str, **kwargs: Any) -> Callable[[F], F]:
     return click.option(f"--{name}", *dest, envvar=env, show_envvar=True, **kwargs)
 
 
-def parse_verify(value: str) -> bool | str:
-    """``--incus-verify``: ``true``/``false``, or a CA bundle or server certificate path."""
-    lowered = value.strip().lower()
-    if lowered in ("true", "yes", "1", "on"):
-        return True
-    if lowered in ("false", "no", "0", "off"):
-        return False
-    if not Path(value).is_file():
-        raise click.BadParameter(f"{value!r} is neither true, false nor a certificate file")
-    return value
-
-
-def _url(value: str) -> str:
-    """A pylxd endpoint URL; a socket path (``/…`` or ``unix:/…``) becomes ``http+unix``."""
-    path = value.removeprefix("unix:") if value.startswith("unix:") else value
-    if path.startswith("/"):
-        return "http+unix://" + quote(path, safe="")
-    return value
-
-
-def _tls(
-    endpoint: IncusEndpoint, entry: dict[str, Any], cert: tuple[str, str] | None, verify: bool | str
-) -> IncusEndpoint:
-    own_cert = entry.get("client_cert"), entry.get("client_key")
-    chosen_cert = (str(own_cert[0]), str(own_cert[1])) if all(own_cert) else cert
-    chosen_verify: bool | str = verify
-    if "verify" in entry:
-        raw = entry["verify"]
-        chosen_verify = raw if isinstance(raw, bool) else str(raw)
-    if not endpoint.url.startswith("https://"):
-        return endpoint
-    return dataclasses.replace(endpoint, cert=chosen_cert, verify=chosen_verify)
-
-
-def load_endpoints(
-    *,
-    fleet_file: Path | None,
-    pairs: Iterable[str] = (),
-    only: Iterable[str] = (),
-    cert: tuple[str, str] | None = None,
-    verify: bool | str = True,
-) -> tuple[IncusEndpoint, ...]:
-    """The managed hosts' endpoints, by host name (see the module's rules)."""
-    found: dict[str, IncusEndpoint] = {}
-    entries: dict[str, dict[str, Any]] = {}
-    if fleet_file is not None:
-        try:
-            raw = orjson.loads(fleet_file.read_bytes())
-            entries = {str(k): dict(v) for k, v in raw["hosts"].items()}
-            for endpoint in endpoints_from_fleet_file(fleet_file):
-                found[endpoint.host] = endpoint
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise click.BadParameter(
-                f"cannot read fleet file {fleet_file}: {exc!r}", param_hint="--incus-fleet"
-            ) from exc
-    for pair in pairs:
-        host, sep, url = pair.partition("=")
-        if not sep or not host or not url:
-            raise click.BadParameter(f"{pair!r} is not HOST=URL", param_hint="--incus")
-        found[host] = IncusEndpoint(host=host, url=_url(url))
-        entries.pop(host, None)
-    wanted = set(only)
-    if wanted:
-        unknown = wanted - set(found)
-        if unknown:
-            raise click.BadParameter(f"not in the fleet: {sorted(unknown)}", param_hint="--host")
-        found = {h: e for h, e in found.items() if h in wanted}
-    return tuple(_tls(found[h], entries.get(h, {}), cert, verify) for h in sorted(found))
-
-
 @click.command("executor")
-@_incus(
-    "incus-fleet",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help='Fleet file: {"hosts": {"<host>": {"url": "https://10.0.0.5:8443"}, ...}} '
-    "(what sim-incus --fleet-file writes; see README).",
-)
-@_incus(
-    "incus",
-    "incus_pairs",
-    multiple=True,
-    metavar="HOST=URL",
-    help="A host and its endpoint (https://…:8443, or a unix socket path); repeatable.",
-)
+@incus_options
 @_own("host", "only_hosts", multiple=True, help="Manage only this host of the fleet; repeatable.")
-@_incus(
-    "incus-cert",
-    type=click.Path(exists=True, dir_okay=False),
-    help="Client certificate (PEM) for https endpoints; needs --incus-key.",
-)
-@_incus(
-    "incus-key",
-    type=click.Path(exists=True, dir_okay=False),
-    help="Client certificate's private key (PEM).",
-)
-@_incus(
-    "incus-verify",
-    default="true",
-    show_default=True,
-    help="Verify https endpoints: true, false, or a CA bundle / server certificate file.",
-)
-@_incus(
-    "incus-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=10.0,
-    show_default=True,
-    help="Seconds one HTTP request to Incus may take.",
-)
-@_incus(
-    "incus-operation-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=120.0,
-    show_default=True,
-    help="Seconds an Incus operation (create, start, stop, delete) may take.",
-)
 @_own(
     "storage-pool",
     default="default",
@@ -246,16 +132,8 @@ def executor(**kwargs: Any) -> None:
     SIGTERM or SIGINT finishes the commands running and exits; a second one exits at once.
     """
     common = common_from(kwargs, name="reconciler-executor")
-    cert_file, key_file = kwargs["incus_cert"], kwargs["incus_key"]
-    if bool(cert_file) != bool(key_file):
-        raise click.UsageError("--incus-cert and --incus-key go together")
-    endpoints = load_endpoints(
-        fleet_file=kwargs["incus_fleet"],
-        pairs=kwargs["incus_pairs"],
-        only=kwargs["only_hosts"],
-        cert=(str(cert_file), str(key_file)) if cert_file else None,
-        verify=parse_verify(kwargs["incus_verify"]),
-    )
+    incus = incus_from(kwargs, only=kwargs["only_hosts"])
+    endpoints = incus.endpoints
     if not endpoints:
         raise click.UsageError("no Incus host to manage: give --incus-fleet or --incus")
     try:
@@ -273,8 +151,8 @@ def executor(**kwargs: Any) -> None:
             retention_s=kwargs["retention"],
             catch_up_s=kwargs["catch_up"],
             storage_pool=kwargs["storage_pool"],
-            request_timeout_s=kwargs["incus_timeout"],
-            operation_timeout_s=kwargs["incus_operation_timeout"],
+            request_timeout_s=incus.request_timeout_s,
+            operation_timeout_s=incus.operation_timeout_s,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc

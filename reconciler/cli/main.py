@@ -15,12 +15,13 @@ from reconciler.bus.embedded import NatsServerNotFound
 from reconciler.cli.audit import audit_lines
 from reconciler.cli.bridge_cmd import bridge
 from reconciler.cli.demo import run_demo
+from reconciler.cli.executor_cmd import executor
 from reconciler.cli.logs import LOG_LEVELS, configure_logging
 from reconciler.cli.options import (
     bus_options,
     common_from,
     db_option,
-    incus_endpoints,
+    incus_from,
     incus_options,
     log_options,
     run_options,
@@ -75,10 +76,10 @@ def run(**kwargs: Any) -> None:
     it at once (nothing is lost either way: the next start resumes from the store).
     """
     common = common_from(kwargs, name="reconciler")
-    incus = incus_endpoints(kwargs)
+    incus = incus_from(kwargs)
     try:
         config = RunConfig(
-            incus=incus,
+            incus=incus.endpoints,
             nats=common.nats,
             prefix=common.prefix,
             db=kwargs["db"],
@@ -307,6 +308,7 @@ def demo(db: Path, nats_url: str | None, quiet: bool, log_level: str) -> None:
 
 cli.add_command(sim_incus)
 cli.add_command(bridge)
+cli.add_command(executor)
 
 
 def main() -> None:

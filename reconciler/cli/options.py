@@ -7,12 +7,15 @@ need through the decorators below and turn them into :class:`Common`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import click
+import orjson
 
 from reconciler.bus.connection import DEFAULT_NATS_URL, ConnectOptions, parse_urls
 from reconciler.cli.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
@@ -20,12 +23,15 @@ from reconciler.incus.client import IncusEndpoint, endpoints_from_fleet_file
 
 __all__ = [
     "Common",
+    "IncusOptions",
     "bus_options",
     "common_from",
     "db_option",
-    "incus_endpoints",
+    "incus_from",
     "incus_options",
+    "load_endpoints",
     "log_options",
+    "parse_verify",
     "run_options",
 ]
 
@@ -189,63 +195,155 @@ def common_from(kwargs: dict[str, Any], *, name: str) -> Common:
     return Common(nats=nats, prefix=kwargs.pop("prefix"))
 
 
+def parse_verify(value: str) -> bool | str:
+    """``--incus-verify``: ``true``/``false``, or a CA bundle or server certificate path."""
+    lowered = value.strip().lower()
+    if lowered in ("true", "yes", "1", "on"):
+        return True
+    if lowered in ("false", "no", "0", "off"):
+        return False
+    if not Path(value).is_file():
+        raise click.BadParameter(f"{value!r} is neither true, false nor a certificate file")
+    return value
+
+
+def _url(value: str) -> str:
+    """A pylxd endpoint URL; a socket path (``/…`` or ``unix:/…``) becomes ``http+unix``."""
+    path = value.removeprefix("unix:") if value.startswith("unix:") else value
+    if path.startswith("/"):
+        return "http+unix://" + quote(path, safe="")
+    return value
+
+
+def _tls(
+    endpoint: IncusEndpoint, entry: dict[str, Any], cert: tuple[str, str] | None, verify: bool | str
+) -> IncusEndpoint:
+    own_cert = entry.get("client_cert"), entry.get("client_key")
+    chosen_cert = (str(own_cert[0]), str(own_cert[1])) if all(own_cert) else cert
+    chosen_verify: bool | str = verify
+    if "verify" in entry:
+        raw = entry["verify"]
+        chosen_verify = raw if isinstance(raw, bool) else str(raw)
+    if not endpoint.url.startswith("https://"):
+        return endpoint
+    return dataclasses.replace(endpoint, cert=chosen_cert, verify=chosen_verify)
+
+
+def load_endpoints(
+    *,
+    fleet_file: Path | None,
+    pairs: Iterable[str] = (),
+    only: Iterable[str] = (),
+    cert: tuple[str, str] | None = None,
+    verify: bool | str = True,
+) -> tuple[IncusEndpoint, ...]:
+    """The Incus hosts of a fleet file and of ``HOST=URL`` pairs (which win), narrowed to
+    ``only`` when given; TLS settings apply to ``https://`` hosts without their own."""
+    found: dict[str, IncusEndpoint] = {}
+    entries: dict[str, dict[str, Any]] = {}
+    if fleet_file is not None:
+        try:
+            raw = orjson.loads(fleet_file.read_bytes())
+            entries = {str(k): dict(v) for k, v in raw["hosts"].items()}
+            for endpoint in endpoints_from_fleet_file(fleet_file):
+                found[endpoint.host] = endpoint
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise click.BadParameter(
+                f"cannot read fleet file {fleet_file}: {exc!r}", param_hint="--incus-fleet"
+            ) from exc
+    for pair in pairs:
+        host, sep, url = pair.partition("=")
+        if not sep or not host or not url:
+            raise click.BadParameter(f"{pair!r} is not HOST=URL", param_hint="--incus")
+        found[host] = IncusEndpoint(host=host, url=_url(url))
+        entries.pop(host, None)
+    wanted = set(only)
+    if wanted:
+        unknown = wanted - set(found)
+        if unknown:
+            raise click.BadParameter(f"not in the fleet: {sorted(unknown)}", param_hint="--host")
+        found = {h: e for h, e in found.items() if h in wanted}
+    return tuple(_tls(found[h], entries.get(h, {}), cert, verify) for h in sorted(found))
+
+
+@dataclass(frozen=True, kw_only=True)
+class IncusOptions:
+    """The Incus options, parsed: the hosts and how long a call may take."""
+
+    endpoints: tuple[IncusEndpoint, ...]
+    request_timeout_s: float
+    operation_timeout_s: float
+
+
 def incus_options(f: F) -> F:
-    """Which Incus hosts to reach, and how (``--incus-fleet``, ``--incus``, TLS)."""
+    """Which Incus hosts to reach, and how: ``--incus-fleet``, ``--incus HOST=URL``, TLS
+    and timeouts. Each is also ``RC_INCUS_…`` (``--incus`` is ``RC_INCUS``)."""
     return _apply(
         f,
         [
             _option(
                 "incus-fleet",
                 type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                help='Fleet file: {"hosts": {"<host>": {"url": "<pylxd URL>"}}} (the '
-                "simulator writes one).",
+                help='Fleet file: {"hosts": {"<host>": {"url": "https://10.0.0.5:8443"}, ...}} '
+                "(what sim-incus --fleet-file writes; see README).",
             ),
-            _option(
-                "incus",
+            click.option(
+                "--incus",
+                "incus_pairs",
                 multiple=True,
                 metavar="HOST=URL",
                 envvar="RC_INCUS",
-                help="An Incus host and its URL (https://…:8443 or http+unix://…); repeatable.",
+                show_envvar=True,
+                help="A host and its endpoint (https://…:8443, or a unix socket path); repeatable.",
             ),
             _option(
                 "incus-cert",
-                type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                help="Client certificate for Incus over TLS (with --incus-key).",
+                type=click.Path(exists=True, dir_okay=False),
+                help="Client certificate (PEM) for https endpoints; needs --incus-key.",
             ),
             _option(
                 "incus-key",
-                type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                help="Client key for Incus over TLS.",
+                type=click.Path(exists=True, dir_okay=False),
+                help="Client certificate's private key (PEM).",
             ),
             _option(
                 "incus-verify",
                 default="true",
                 show_default=True,
-                help="Verify Incus's certificate: true, false, or a CA/server certificate path.",
+                help="Verify https endpoints: true, false, or a CA bundle / server certificate.",
+            ),
+            _option(
+                "incus-timeout",
+                type=click.FloatRange(min=0, min_open=True),
+                default=10.0,
+                show_default=True,
+                help="Seconds one HTTP request to Incus may take.",
+            ),
+            _option(
+                "incus-operation-timeout",
+                type=click.FloatRange(min=0, min_open=True),
+                default=120.0,
+                show_default=True,
+                help="Seconds an Incus operation (create, start, stop, delete) may take.",
             ),
         ],
     )
 
 
-def incus_endpoints(kwargs: dict[str, Any]) -> tuple[IncusEndpoint, ...]:
-    """Pop the Incus options out of a command's keyword arguments; the endpoints, by host."""
-    fleet, pairs = kwargs.pop("incus_fleet"), kwargs.pop("incus")
-    cert_path, key_path = kwargs.pop("incus_cert"), kwargs.pop("incus_key")
-    verify_text = str(kwargs.pop("incus_verify"))
-    if (cert_path is None) != (key_path is None):
-        raise click.BadParameter("--incus-cert and --incus-key go together")
-    cert = (str(cert_path), str(key_path)) if cert_path is not None else None
-    verify: bool | str = {"true": True, "false": False}.get(verify_text.lower(), verify_text)
-    found: dict[str, IncusEndpoint] = {}
-    if fleet is not None:
-        try:
-            for ep in endpoints_from_fleet_file(fleet):
-                found[ep.host] = IncusEndpoint(host=ep.host, url=ep.url, cert=cert, verify=verify)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise click.BadParameter(f"cannot read fleet file {fleet}: {exc!r}") from exc
-    for pair in pairs:
-        host, sep, url = pair.partition("=")
-        if not sep or not host or not url:
-            raise click.BadParameter(f"--incus takes HOST=URL, not {pair!r}")
-        found[host] = IncusEndpoint(host=host, url=url, cert=cert, verify=verify)
-    return tuple(found[name] for name in sorted(found))
+def incus_from(kwargs: dict[str, Any], *, only: Iterable[str] = ()) -> IncusOptions:
+    """Pop the Incus options out of a command's keyword arguments."""
+    cert_file, key_file = kwargs.pop("incus_cert"), kwargs.pop("incus_key")
+    if bool(cert_file) != bool(key_file):
+        raise click.UsageError("--incus-cert and --incus-key go together")
+    endpoints = load_endpoints(
+        fleet_file=kwargs.pop("incus_fleet"),
+        pairs=kwargs.pop("incus_pairs"),
+        only=only,
+        cert=(str(cert_file), str(key_file)) if cert_file else None,
+        verify=parse_verify(kwargs.pop("incus_verify")),
+    )
+    return IncusOptions(
+        endpoints=endpoints,
+        request_timeout_s=kwargs.pop("incus_timeout"),
+        operation_timeout_s=kwargs.pop("incus_operation_timeout"),
+    )
