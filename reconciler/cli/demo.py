@@ -1,111 +1,94 @@
-"""The demo: a scripted fleet driven over NATS JetStream through ``reconciler run``.
+"""The demo: a simulated Incus fleet run by the whole system, end to end, in one process.
 
-On a fresh machine it starts a local nats-server (JetStream in a temporary directory),
-runs one replica of the reconciler in this process (SQLite file ``--db``), and publishes
-the story below on the contract's subjects: hosts with and without GPUs, a GPU profile
-and class, two pools, warm VMs booting and a job claiming one, GPU jobs, cold jobs
-filling the CPU hosts, one preemption through its launch gate, and two bad inputs that
-are dead-lettered. Every decision is printed as it comes back on the OUT stream; at the
-end a summary, and a replay of the input stream that must reproduce every decision and
-the store's state digest.
+On a fresh machine it starts a local nats-server (JetStream in a temporary directory) and
+a simulated Incus fleet (``reconciler.incus.simulator``: three hosts, one with four GPUs,
+on unix sockets), then runs, each as in production and talking only over NATS and pylxd:
+one replica of ``reconciler run`` (SQLite file ``--db``), ``reconciler bridge`` and
+``reconciler executor``. A small driver plays the operators and GARM: it publishes the
+pool and GPU configuration, asks for warm VMs and cold jobs, and creates or deletes the
+cold jobs' VMs through pylxd after their admission, as GARM's provider would.
+
+The story: the bridge brings the hosts in; the leader tops the warm pool up and the
+executor boots the VMs; a job claims one; GPU jobs are placed on the GPU host with DRA
+semantics; cold jobs fill the CPU hosts; a preemptible job evicts an idle warm VM and is
+admitted only after the executor deleted it and a fresh inventory proved the room; bad
+inputs are dead-lettered; a job ends. Every decision and executor command is printed as
+it comes back on the OUT stream; at the end a summary, and a replay of the input stream
+that must reproduce every decision and the store's state digest.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import shutil
+import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import anyio
 import click
 import orjson
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.embedded import embedded_nats
+from reconciler.controller.bridge import Bridge, HostBridge, settings_from_json
+from reconciler.controller.executor import Executor, ExecutorConfig
 from reconciler.controller.replay import replay_into
 from reconciler.controller.runtime import Replica, RunConfig
+from reconciler.core.model import PoolName, Resources
+from reconciler.core.state import State
+from reconciler.incus.client import IncusEndpoint, IncusHost
+from reconciler.incus.simulator import Fleet, FleetOptions, GpuShape, HostShape, Listen
+from reconciler.incus.views import InstanceSpec
 from reconciler.store.digest import state_digest
 
+__all__ = ["Summary", "run_demo"]
 
-def _res(cpu: int, mem: int, disk: int) -> dict[str, int]:
-    return {"cpu": cpu, "memory_mib": mem, "disk_gib": disk}
+PROJECT = "ci"
+IMAGE = "images:ubuntu/24.04/cloud"
 
+#: the simulated hosts: two CPU hosts and one with four L40S GPUs on two NUMA nodes
+SHAPES = (
+    HostShape(name="cpu-a", cpu=16, memory_mib=65536, storage_gib=1000, projects=(PROJECT,)),
+    HostShape(name="cpu-b", cpu=10, memory_mib=40960, storage_gib=500, projects=(PROJECT,)),
+    HostShape(
+        name="gpu-a",
+        cpu=32,
+        memory_mib=262144,
+        storage_gib=2000,
+        numa_nodes=2,
+        gpus=tuple(
+            GpuShape(pci_address=f"0000:{0x41 + 0x20 * i:02x}:00.0", numa_node=i // 2)
+            for i in range(4)
+        ),
+        projects=(PROJECT,),
+    ),
+)
 
-def _gpu(index: int, numa: int) -> dict[str, Any]:
-    return {
-        "index": index,
-        "vendor": "nvidia",
-        "model": "L40S",
-        "memory_mib": 46068,
-        "pci_address": f"0000:{0x41 + index:02x}:00.0",
-        "numa_node": numa,
-    }
-
-
-def _lifecycle(host: str, action: str, name: str) -> dict[str, Any]:
-    return {
-        "v": 1,
-        "host": host,
-        "event": {
-            "type": "lifecycle",
-            "timestamp": "2026-12-02T10:00:00.000000000Z",
-            "metadata": {
-                "action": action,
-                "source": f"/1.0/instances/{name}",
-                "name": name,
-                "project": "ci",
-            },
-            "location": "none",
-            "project": "ci",
-        },
-    }
+#: what Incus does not say: the system reserve, labels, the GPU profile
+HOST_SETTINGS = {
+    "defaults": {
+        "reserve": {"cpu": 2, "memory_mib": 4096, "disk_gib": 50},
+        "labels": {"gpu": "no"},
+    },
+    "hosts": {"gpu-a": {"labels": {"gpu": "yes"}, "gpu_profile": "compute"}},
+}
 
 
-def _observed(name: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "project": "ci",
-        "status": "Running",
-        "status_code": 103,
-        "type": "virtual-machine",
-        "config": {},
-        "resources": _res(4, 8192, 40),
-        "gpus": [],
-    }
+def _res(cpu: int, memory_mib: int, disk_gib: int) -> dict[str, int]:
+    return {"cpu": cpu, "memory_mib": memory_mib, "disk_gib": disk_gib}
 
 
-def _snapshot(host: str, revision: int, cpu: int, gpus: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "v": 1,
-        "host": host,
-        "uid": f"{host}-uid",
-        "revision": revision,
-        "schedulable": True,
-        "labels": {"gpu": "yes" if gpus else "no"},
-        "capacity": _res(cpu, cpu * 4096, 1000),
-        "reserve": _res(2, 4096, 50),
-        "gpus": gpus,
-        "gpu_profile": "compute" if gpus else None,
-    }
-
-
-def script() -> Iterator[tuple[str, str, dict[str, Any] | bytes]]:
-    """(what it shows, subject, payload) for every step of the story."""
-    yield "host cpu-a: 16 vCPUs", "rc.in.host.cpu-a.snapshot", _snapshot("cpu-a", 1, 16, [])
-    yield "host cpu-b: 8 vCPUs", "rc.in.host.cpu-b.snapshot", _snapshot("cpu-b", 1, 8, [])
-    yield (
-        "host gpu-a: 32 vCPUs, 4 GPUs on 2 NUMA nodes",
-        "rc.in.host.gpu-a.snapshot",
-        _snapshot("gpu-a", 1, 32, [_gpu(0, 0), _gpu(1, 0), _gpu(2, 1), _gpu(3, 1)]),
-    )
-    yield (
-        "GPU profile",
-        "rc.in.config.gpu-profile.compute",
+CONFIG: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    (
+        "GPU profile 'compute': exclusive-process, persistence on, 300 W",
+        "config.gpu-profile.compute",
         {
             "v": 1,
             "name": "compute",
@@ -118,43 +101,41 @@ def script() -> Iterator[tuple[str, str, dict[str, Any] | bytes]]:
                 "ecc": True,
             },
         },
-    )
-    yield (
-        "class l40s (1 GPU)",
-        "rc.in.config.class.l40s",
+    ),
+    (
+        "resource class 'l40s': one NVIDIA L40S",
+        "config.class.l40s",
         {
             "v": 1,
             "class": "l40s",
-            "parameters": {"gpu": {"count": 1, "model": "L40S"}},
+            "parameters": {"gpu": {"count": 1, "vendor": "nvidia"}},
             "host_selector": {"gpu": "yes"},
         },
-    )
-    yield (
-        "pool linux-small: warm 3, 4 vCPUs",
-        "rc.in.config.pool.linux-small",
+    ),
+    (
+        "pool 'linux': 4 vCPUs, keep 2 warm VMs ready (at most 3)",
+        "config.pool.linux",
         {
             "v": 1,
-            "pool": "linux-small",
+            "pool": "linux",
             "flavor": _res(4, 8192, 40),
             "claims": [],
-            # min_ready 0: the story admits its warm VMs itself (the leader's top-ups
-            # would name theirs after stream sequences)
-            "warm": {"min_ready": 0, "max_ready": 3, "protect_min_ready": False},
+            "warm": {"min_ready": 2, "max_ready": 3, "protect_min_ready": False},
             "max_instances": 20,
             "priority": 0,
             "host_selector": {"gpu": "no"},
             "placement": "pack",
-            "image": "images:ubuntu/24.04",
+            "image": IMAGE,
             "profiles": ["default"],
-            "project": "ci",
+            "project": PROJECT,
         },
-    )
-    yield (
-        "pool ml-gpu: 2 GPUs per job",
-        "rc.in.config.pool.ml-gpu",
+    ),
+    (
+        "pool 'ml': 8 vCPUs and a claim of 2 GPUs, spread",
+        "config.pool.ml",
         {
             "v": 1,
-            "pool": "ml-gpu",
+            "pool": "ml",
             "flavor": _res(8, 32768, 200),
             "claims": [{"name": "gpus", "class": "l40s", "parameters": {"gpu": {"count": 2}}}],
             "warm": {"min_ready": 0, "max_ready": 0, "protect_min_ready": False},
@@ -162,157 +143,12 @@ def script() -> Iterator[tuple[str, str, dict[str, Any] | bytes]]:
             "priority": 10,
             "host_selector": {},
             "placement": "spread",
-            "image": "images:ubuntu/24.04",
-            "profiles": ["gpu"],
-            "project": "ci",
+            "image": IMAGE,
+            "profiles": ["default"],
+            "project": PROJECT,
         },
-    )
-    for i in range(1, 4):
-        yield (
-            f"warm top-up w{i}",
-            "rc.in.cmd.admit",
-            {
-                "v": 1,
-                "request_id": f"top-up-{i}",
-                "pool": "linux-small",
-                "instance": f"warm-{i}",
-                "kind": "warm",
-            },
-        )
-    # pack fills the smaller host first: warm-1 lands on cpu-b, warm-2 and warm-3 on cpu-a
-    for i, host in ((1, "cpu-b"), (2, "cpu-a"), (3, "cpu-a")):
-        yield (
-            f"warm-{i} boots",
-            f"rc.in.host.{host}.lifecycle",
-            _lifecycle(host, "instance-created", f"warm-{i}"),
-        )
-        yield (
-            f"warm-{i} ready",
-            f"rc.in.host.{host}.lifecycle",
-            _lifecycle(host, "instance-ready", f"warm-{i}"),
-        )
-    yield (
-        "job 1001 takes a warm VM",
-        "rc.in.cmd.claim-warm",
-        {
-            "v": 1,
-            "request_id": "claim-1001",
-            "pool": "linux-small",
-            "job": "job-1001",
-        },
-    )
-    yield (
-        "same job again: same VM",
-        "rc.in.cmd.claim-warm",
-        {
-            "v": 1,
-            "request_id": "claim-1001-retry",
-            "pool": "linux-small",
-            "job": "job-1001",
-        },
-    )
-    yield (
-        "GARM injects the runner",
-        "rc.in.cmd.mark-warm-injected",
-        {
-            "v": 1,
-            "request_id": "inject-1001",
-            "job": "job-1001",
-            "instance": "warm-1",
-        },
-    )
-    yield (
-        "two GPU jobs",
-        "rc.in.cmd.admit",
-        {
-            "v": 1,
-            "request_id": "ml-1",
-            "pool": "ml-gpu",
-            "instance": "ml-1",
-            "kind": "cold",
-        },
-    )
-    yield (
-        "",
-        "rc.in.cmd.admit",
-        {
-            "v": 1,
-            "request_id": "ml-2",
-            "pool": "ml-gpu",
-            "instance": "ml-2",
-            "kind": "cold",
-        },
-    )
-    yield (
-        "a third GPU job finds no GPUs",
-        "rc.in.cmd.admit",
-        {
-            "v": 1,
-            "request_id": "ml-3",
-            "pool": "ml-gpu",
-            "instance": "ml-3",
-            "kind": "cold",
-        },
-    )
-    yield (
-        "cold jobs fill the CPU hosts",
-        "rc.in.cmd.admit",
-        {
-            "v": 1,
-            "request_id": "cold-1",
-            "pool": "linux-small",
-            "instance": "cold-1",
-            "kind": "cold",
-        },
-    )
-    yield (
-        "a cold job that fits nowhere preempts an idle warm VM",
-        "rc.in.cmd.admit-preemptible",
-        {
-            "v": 1,
-            "request_id": "cold-2",
-            "pool": "linux-small",
-            "instance": "cold-2",
-            "kind": "cold",
-        },
-    )
-    yield "bad input: malformed JSON is dead-lettered", "rc.in.cmd.admit", b"{not json"
-    yield (
-        "bad input: hostile instance name",
-        "rc.in.cmd.admit",
-        {
-            "v": 1,
-            "request_id": "evil",
-            "pool": "linux-small",
-            "instance": "../etc",
-            "kind": "cold",
-        },
-    )
-    yield (
-        "the executor deletes the victim",
-        "rc.in.host.cpu-a.lifecycle",
-        _lifecycle("cpu-a", "instance-deleted", "warm-3"),
-    )
-    yield (
-        "a fresh inventory proves the fit: the gate opens",
-        "rc.in.host.cpu-a.inventory",
-        {
-            "v": 1,
-            "host": "cpu-a",
-            "uid": "cpu-a-uid",
-            "revision": 1,
-            "instances": [_observed("warm-2"), _observed("cold-1")],
-        },
-    )
-    yield (
-        "the cold job finishes",
-        "rc.in.cmd.release",
-        {
-            "v": 1,
-            "request_id": "rel-cold-1",
-            "instance": "cold-1",
-        },
-    )
+    ),
+)
 
 
 @dataclass
@@ -322,169 +158,363 @@ class Summary:
     commands: Counter[str] = field(default_factory=Counter)
     digest: str = ""
     replay_divergences: int = -1
-    nats_url: str = ""
+    vms: list[str] = field(default_factory=list)
+
+
+class _Say:
+    """The demo's voice: story lines, and what comes back on the OUT stream."""
+
+    def __init__(self, *, echo: bool) -> None:
+        self.echo = echo
+
+    def step(self, text: str) -> None:
+        if self.echo:
+            click.secho(f"\n▸ {text}", bold=True)
+
+    def note(self, text: str) -> None:
+        if self.echo:
+            click.secho(f"    {text}", dim=True)
+
+    def decision(self, body: dict[str, Any]) -> None:
+        if not self.echo:
+            return
+        lease = body.get("lease") or {}
+        where = f" {lease.get('instance')}@{lease.get('host')}" if lease else ""
+        gpus = f" gpus={lease['gpus']}" if lease.get("gpus") else ""
+        victims = body.get("victims")
+        preempts = f" evicting {[v['instance'] for v in victims]}" if victims else ""
+        why = f" ({body['reason']})" if "reason" in body else ""
+        color = {"admitted": "green", "claimed": "green", "ok": "green", "pending": "cyan"}.get(
+            body["outcome"], "red"
+        )
+        phase = "" if body["phase"] in ("final", body["outcome"]) else f"{body['phase']} "
+        click.echo(f"    decision {body['verb']} {body['request_id']} → ", nl=False)
+        click.secho(f"{phase}{body['outcome']}{why}{where}{gpus}{preempts}", fg=color)
+
+    def command(self, subject: str, body: dict[str, Any]) -> None:
+        if self.echo:
+            what = body.get("reason", "create")
+            click.secho(
+                f"    executor command: {subject.rsplit('.', 1)[1]} {body['instance']} "
+                f"on {body['host']} ({what})",
+                fg="magenta",
+            )
+
+    def dead_letter(self, body: dict[str, Any]) -> None:
+        if self.echo:
+            click.secho(f"    dead letter (seq {body['stream_seq']}): {body['error']}", fg="yellow")
+
+
+class _Watch:
+    """Everything published on the OUT stream, kept and printed as it arrives."""
+
+    def __init__(self, say: _Say, summary: Summary, prefix: str) -> None:
+        self.say = say
+        self.summary = summary
+        self.prefix = prefix
+        self.decisions: dict[str, dict[str, Any]] = {}
+        self.pools: dict[str, dict[str, Any]] = {}
+        self.seen: set[str] = set()
+        self.changed = anyio.Event()
+
+    async def on_output(self, msg: Msg) -> None:
+        msg_id = (msg.headers or {}).get("Nats-Msg-Id")
+        if msg_id is not None:
+            if msg_id in self.seen:
+                return  # published again (the stream stored it once; core subscribers see both)
+            self.seen.add(msg_id)
+        subject = msg.subject.removeprefix(f"{self.prefix}.")
+        body = orjson.loads(msg.data)
+        if subject.startswith("out.decision."):
+            self.decisions[body["request_id"]] = body
+            self.summary.decisions.append(body)
+            self.say.decision(body)
+        elif subject.startswith("out.exec."):
+            self.summary.commands[subject.rsplit(".", 1)[1]] += 1
+            self.say.command(subject, body)
+        elif subject.startswith("out.dlq."):
+            self.summary.dead_letters.append(body)
+            self.say.dead_letter(body)
+        elif subject.startswith("out.status.pool."):
+            self.pools[body["pool"]] = body
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    async def until(self, what: str, check: Callable[[], bool], within_s: float = 30) -> None:
+        try:
+            with anyio.fail_after(within_s):
+                while not check():
+                    with anyio.move_on_after(0.25):
+                        await self.changed.wait()
+        except TimeoutError:
+            raise click.ClickException(f"the demo waited {within_s} s for {what}") from None
+
+    async def decided(self, request_id: str, phase: str = "final") -> dict[str, Any]:
+        await self.until(
+            f"the decision of {request_id}",
+            lambda: self.decisions.get(request_id, {}).get("phase") == phase,
+        )
+        return self.decisions[request_id]
+
+
+class _Driver:
+    """Plays the operators and GARM: publishes inputs, creates and deletes cold VMs."""
+
+    def __init__(self, nc: Client, watch: _Watch, garm: dict[str, IncusHost], prefix: str):
+        self.js = nc.jetstream()
+        self.watch = watch
+        self.garm = garm
+        self.prefix = prefix
+
+    async def publish(self, subject: str, payload: dict[str, Any] | bytes) -> int:
+        data = payload if isinstance(payload, bytes) else orjson.dumps(payload)
+        rid = payload.get("request_id") if isinstance(payload, dict) else None
+        headers = {"Nats-Msg-Id": f"demo:{rid}"} if rid else None
+        ack = await self.js.publish(f"{self.prefix}.in.{subject}", data, headers=headers)
+        return int(ack.seq)
+
+    async def command(self, verb: str, request_id: str, **fields: Any) -> dict[str, Any]:
+        await self.publish(f"cmd.{verb}", {"v": 1, "request_id": request_id, **fields})
+        return await self.watch.decided(request_id)
+
+    async def admit(self, request_id: str, pool: str, instance: str, **fields: Any) -> Any:
+        fields.setdefault("kind", "cold")
+        body = await self.command("admit", request_id, pool=pool, instance=instance, **fields)
+        if body["outcome"] == "admitted":
+            await self.garm_creates(body["lease"])
+        return body
+
+    async def garm_creates(self, lease: dict[str, Any]) -> None:
+        """What GARM's provider does after an admission: create and start the VM."""
+        host = self.garm[lease["host"]]
+        spec = InstanceSpec.for_lease(
+            name=lease["instance"],
+            image=IMAGE,
+            lease_id=lease["lease_id"],
+            pool=lease["pool"],
+            kind=lease["kind"],
+            job=lease.get("job"),
+            project=PROJECT,
+            demand=Resources(**lease["demand"]),
+        )
+        await host.create_instance(spec)
+        await host.start_instance(spec.name, project=PROJECT)
+
+    async def garm_deletes(self, instance: str, host: str) -> None:
+        await self.garm[host].destroy_instance(instance, project=PROJECT)
 
 
 async def run_demo(
-    db: Path, *, nats_url: str | None = None, echo: bool = True, prefix: str = "rc"
+    db: Path,
+    *,
+    nats_url: str | None = None,
+    echo: bool = True,
+    prefix: str = "rc",
+    boot_delay_s: float = 0.5,
 ) -> Summary:
-    """Run the story against ``nats_url`` (or a nats-server started here) into ``db``."""
+    """Run the story; see the module's docstring."""
     for suffix in ("", "-wal", "-shm"):
         await anyio.Path(f"{db}{suffix}").unlink(missing_ok=True)
-    with contextlib.ExitStack() as stack:
+    say = _Say(echo=echo)
+    summary = Summary()
+    async with contextlib.AsyncExitStack() as stack:
         if nats_url is None:
             server = stack.enter_context(embedded_nats())
             nats_url = server.url
-            if echo:
-                click.secho(f"nats-server (JetStream) at {nats_url}, pid {server.pid}", dim=True)
-        return await _drive(db, nats_url=nats_url, echo=echo, prefix=prefix)
-
-
-async def _drive(db: Path, *, nats_url: str, echo: bool, prefix: str) -> Summary:
-    summary = Summary(nats_url=nats_url)
-    opts = ConnectOptions(urls=(nats_url,), reconnect_wait_s=0.2, initial_timeout_s=10)
-    config = RunConfig(
-        nats=opts, db=db, prefix=prefix, replica="demo", leader_ttl_s=3.0, status_debounce_s=0.2
-    )
-    replica = Replica(config)
-    stop = anyio.Event()
-    nc = await connect(ConnectOptions(urls=(nats_url,), name="demo-driver", initial_timeout_s=10))
-    try:
-        arrived: dict[str, dict[str, Any]] = {}
-        shown: set[tuple[str, str]] = set()
-        commands: list[dict[str, Any]] = []
-        changed = anyio.Event()
-
-        async def on_output(msg: Msg) -> None:
-            nonlocal changed
-            subject = msg.subject.removeprefix(f"{prefix}.")
-            body = orjson.loads(msg.data)
-            if subject.startswith("out.exec."):
-                summary.commands[subject.rsplit(".", 1)[1]] += 1
-                commands.append(body)
-            arrived[subject] = body
-            changed.set()
-            changed = anyio.Event()
-
-        await nc.subscribe(f"{prefix}.out.>", cb=on_output)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(functools.partial(replica.run, stop=stop))
-            with anyio.fail_after(30):
-                while not replica.leader_ready:  # noqa: ASYNC110 - a flag set by the replica
-                    await anyio.sleep(0.02)
-            if echo:
-                click.secho(f"reconciler replica 'demo' leads; store {db}\n", dim=True)
-            js = nc.jetstream()
-            for title, subject, payload in script():
-                data = payload if isinstance(payload, bytes) else orjson.dumps(payload)
-                rid = payload.get("request_id") if isinstance(payload, dict) else None
-                headers = {"Nats-Msg-Id": f"demo:{rid}"} if rid else None
-                ack = await js.publish(subject, data, headers=headers)
-                body = await _wait_for(
-                    arrived,
-                    request_id=rid,
-                    seq=ack.seq,
-                    dead_letter=isinstance(payload, bytes),
-                    changed=lambda: changed,
-                )
-                if body is None:
-                    await anyio.sleep(0.05)  # an input without an answer of its own
-                _record(summary, title, ack.seq, subject, body, echo=echo)
-                if body is not None and "request_id" in body:
-                    shown.add((body["request_id"], body["phase"]))
-                for later in _new_decisions(arrived, shown):  # e.g. a launch gate opening
-                    _record(summary, "", ack.seq, subject, later, echo=echo)
-                while commands:
-                    command = commands.pop(0)
-                    if echo:
-                        what = command.get("reason", "create")
-                        where = f"{command['instance']} on {command['host']}"
-                        click.secho(f"        → executor command: {what} {where}", dim=True)
-            assert replica.caches is not None
-            with anyio.fail_after(30):
-                while replica.caches.committed_seq < ack.seq:  # noqa: ASYNC110
-                    await anyio.sleep(0.02)
-            await anyio.sleep(0.5)  # the outbox's last round, and the status debounce
-            summary.digest = state_digest(replica.caches.state)
-            stop.set()
-        report = await replay_into(nc, prefix=prefix)
-        summary.replay_divergences = len(report.divergences)
-        if report.digest != summary.digest:
-            raise click.ClickException("the replay's state digest differs from the store's")
-    finally:
-        await nc.close()
+            say.note(f"nats-server with JetStream at {nats_url}")
+        fleet = await stack.enter_async_context(_fleet(boot_delay_s))
+        say.note(f"simulated Incus fleet: {', '.join(s.name for s in SHAPES)} (unix sockets)")
+        endpoints = tuple(
+            IncusEndpoint(host=name, url=url) for name, url in sorted(fleet.endpoints.items())
+        )
+        await _story(
+            db, nats_url=nats_url, endpoints=endpoints, prefix=prefix, say=say, summary=summary
+        )
+        summary.vms = sorted(
+            f"{name}@{host.shape.name}"
+            for host in (fleet.host(s.name) for s in SHAPES)
+            for (_, name) in host.instances
+        )
     return summary
 
 
-async def _wait_for(
-    arrived: dict[str, dict[str, Any]],
+@contextlib.asynccontextmanager
+async def _fleet(boot_delay_s: float) -> AsyncIterator[Fleet]:
+    directory = Path(tempfile.mkdtemp(prefix="rc-demo-"))
+    try:
+        options = FleetOptions(boot_delay_s=boot_delay_s, operation_retention_s=5.0)
+        async with Fleet(
+            SHAPES, listen=Listen(kind="unix", directory=directory), options=options
+        ) as fleet:
+            yield fleet
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def _story(
+    db: Path,
     *,
-    request_id: str | None,
-    seq: int,
-    dead_letter: bool,
-    changed: Callable[[], anyio.Event],
-    within_s: float = 15.0,
-) -> dict[str, Any] | None:
-    """What an input caused on the bus: its dead letter, or its command's decision."""
-    with anyio.fail_after(within_s):
-        while True:
-            for subject, body in arrived.items():
-                if subject.startswith("out.dlq.") and body.get("stream_seq") == seq:
-                    return body
-            if request_id is None and not dead_letter:
-                return None
-            if f"out.decision.{request_id}" in arrived:
-                return arrived[f"out.decision.{request_id}"]
-            await changed().wait()
-
-
-def _new_decisions(
-    arrived: dict[str, dict[str, Any]], shown: set[tuple[str, str]]
-) -> list[dict[str, Any]]:
-    fresh = []
-    for subject, body in arrived.items():
-        if subject.startswith("out.decision."):
-            key = (body["request_id"], body["phase"])
-            if key not in shown:
-                shown.add(key)
-                fresh.append(body)
-    return fresh
-
-
-def _record(
+    nats_url: str,
+    endpoints: tuple[IncusEndpoint, ...],
+    prefix: str,
+    say: _Say,
     summary: Summary,
-    title: str,
-    seq: int,
-    subject: str,
-    body: dict[str, Any] | None,
-    *,
-    echo: bool,
 ) -> None:
-    label = f"{title}: " if title else ""
-    if body is None:
-        if echo and title:
-            click.echo(f"  [{seq:>3}] {title}  ({subject})")
-        return
-    if "stream_seq" in body:
-        summary.dead_letters.append(body)
-        if echo:
-            click.secho(f"  [{seq:>3}] {label}dead-lettered: {body['error']}", fg="yellow")
-        return
-    summary.decisions.append(body)
-    if echo:
-        _echo_decision(seq, label, body)
-
-
-def _echo_decision(seq: int, label: str, body: dict[str, Any]) -> None:
-    lease = body.get("lease") or {}
-    where = f" {lease.get('instance')}@{lease.get('host')}" if lease else ""
-    gpus = f" gpus={lease['gpus']}" if lease.get("gpus") else ""
-    victims = body.get("victims")
-    preempts = f" preempting {[v['instance'] for v in victims]}" if victims else ""
-    why = f" ({body['reason']})" if "reason" in body else ""
-    color = {"admitted": "green", "claimed": "green", "ok": "green", "pending": "cyan"}.get(
-        body["outcome"], "red"
+    nats = ConnectOptions(urls=(nats_url,), reconnect_wait_s=0.2, initial_timeout_s=10)
+    replica = Replica(
+        RunConfig(
+            nats=nats,
+            db=db,
+            prefix=prefix,
+            replica="demo",
+            leader_ttl_s=3.0,
+            status_debounce_s=0.1,
+            status_progress_interval_s=2.0,
+            incus=endpoints,
+        )
     )
-    click.echo(f"  [{seq:>3}] {label}{body['verb']} {body['request_id']} → ", nl=False)
-    phase = "" if body["phase"] == body["outcome"] else f"{body['phase']} "
-    click.secho(f"{phase}{body['outcome']}{why}{where}{gpus}{preempts}", fg=color)
+    executor_db = db.with_name(f"{db.stem}-executor.db")
+    for suffix in ("", "-wal", "-shm"):
+        await anyio.Path(f"{executor_db}{suffix}").unlink(missing_ok=True)
+    executor = Executor(
+        ExecutorConfig(endpoints=endpoints, nats=nats, prefix=prefix, db=executor_db)
+    )
+    settings = settings_from_json(HOST_SETTINGS)
+    bridge_hosts = [IncusHost(ep) for ep in endpoints]
+    garm = {ep.host: IncusHost(ep) for ep in endpoints}
+    nc = await connect(replace(nats, name="demo-driver"))
+    stop = anyio.Event()
+    try:
+        js = nc.jetstream()
+        bridge = Bridge(
+            [
+                HostBridge(
+                    incus=host,
+                    js=js,
+                    prefix=prefix,
+                    settings=settings.get(host.name, settings["*"]),
+                    inventory_delay_s=0.2,
+                )
+                for host in bridge_hosts
+            ]
+        )
+        watch = _Watch(say, summary, prefix)
+        await nc.subscribe(f"{prefix}.out.>", cb=watch.on_output)
+        driver = _Driver(nc, watch, garm, prefix)
+        failure: click.ClickException | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(replica.run, stop=stop))
+            tg.start_soon(functools.partial(executor.run, stop=stop))
+            with anyio.fail_after(30):
+                await replica.started.wait()
+                await executor.ready.wait()
+            bridging = anyio.CancelScope()
+
+            async def run_bridge() -> None:
+                with bridging:
+                    await bridge.run()
+
+            tg.start_soon(run_bridge)
+            try:
+                await _chapters(driver, watch, replica, say)
+                await watch.until("the leader to publish everything", lambda: _caught_up(replica))
+                summary.digest = state_digest(_state(replica))
+            except click.ClickException as exc:
+                failure = exc
+            bridging.cancel()
+            stop.set()  # the replica commits, publishes and resigns; the executor finishes
+        if failure is not None:
+            raise failure
+        say.step("Replaying the input stream into a fresh database, for audit")
+        report = await replay_into(nc, prefix=prefix)
+        summary.replay_divergences = len(report.divergences)
+        say.note(f"{report.inputs} inputs folded again, {report.compared} outputs compared")
+    finally:
+        with anyio.CancelScope(shield=True):
+            await nc.close()
+            for host in [*bridge_hosts, *garm.values()]:
+                await host.aclose()
+
+
+def _caught_up(replica: Replica) -> bool:
+    facts = replica.facts()
+    return bool(replica.leader_ready and facts["applied"] >= facts["head"])
+
+
+def _state(replica: Replica) -> State:
+    if replica.caches is None:
+        raise RuntimeError("the replica has not started")
+    return replica.caches.state
+
+
+def _ready(replica: Replica, pool: str) -> int:
+    return len(_state(replica).pool_ready.get(PoolName(pool), ()))
+
+
+async def _chapters(driver: _Driver, watch: _Watch, replica: Replica, say: _Say) -> None:
+    say.step("The bridge brings the Incus hosts in (snapshots and inventories)")
+    await watch.until("three hosts", lambda: len(_state(replica).hosts) == 3)
+    for name, host in sorted(_state(replica).hosts.items()):
+        a = host.allocatable
+        say.note(
+            f"{name}: {a.cpu} vCPU, {a.memory_mib} MiB, {a.disk_gib} GiB allocatable, "
+            f"{len(host.gpus)} GPUs, labels {host.labels}"
+        )
+
+    say.step("Operators configure a GPU profile, a resource class and two pools")
+    for title, subject, payload in CONFIG:
+        await driver.publish(subject, payload)
+        say.note(title)
+
+    say.step("The leader tops the warm pool up; the executor boots the VMs")
+    await watch.until("two warm VMs ready", lambda: _ready(replica, "linux") >= 2)
+    say.note("2 warm VMs of pool 'linux' are booted, unregistered and ready")
+
+    say.step("Job 1001 claims a warm VM (again: the same VM), and GARM injects its runner")
+    claim = await driver.command("claim-warm", "claim-1001", pool="linux", job="job-1001")
+    await driver.command("claim-warm", "claim-1001-retry", pool="linux", job="job-1001")
+    instance = claim["lease"]["instance"]
+    await driver.command("mark-warm-injected", "inject-1001", job="job-1001", instance=instance)
+    await watch.until("the pool refilled", lambda: _ready(replica, "linux") >= 2)
+    say.note("the pool is short of one: the leader tops it up again")
+
+    say.step("Two GPU jobs are placed with DRA semantics; a third finds no GPUs")
+    await driver.admit("ml-1", "ml", "ml-1")
+    await driver.admit("ml-2", "ml", "ml-2")
+    await driver.admit("ml-3", "ml", "ml-3")
+
+    say.step("Cold jobs fill the CPU hosts (GARM creates each VM after its admission)")
+    n = 0
+    while True:
+        n += 1
+        body = await driver.admit(f"cold-{n}", "linux", f"cold-{n}", job=f"job-{2000 + n}")
+        if body["outcome"] != "admitted" or n >= 8:
+            break
+
+    say.step("A cold job that fits nowhere evicts an idle warm VM (admit-preemptible)")
+    await driver.publish(
+        "cmd.admit-preemptible",
+        {"v": 1, "request_id": "urgent-1", "pool": "linux", "instance": "urgent-1", "kind": "cold"},
+    )
+    await watch.until("a decision on urgent-1", lambda: "urgent-1" in watch.decisions)
+    if watch.decisions["urgent-1"]["phase"] == "pending":
+        say.note("the executor deletes the victim; the bridge reports it gone and re-inventories")
+    final = await watch.decided("urgent-1")
+    if final["outcome"] == "admitted":
+        say.note("the launch gate opened only on a fresh inventory proving the room")
+        await driver.garm_creates(final["lease"])
+
+    say.step("Bad inputs are dead-lettered; the line goes on")
+    await driver.publish("cmd.admit", b"{not json")
+    await driver.publish(
+        "cmd.admit",
+        {"v": 1, "request_id": "evil", "pool": "linux", "instance": "../etc", "kind": "cold"},
+    )
+    await watch.until("two dead letters", lambda: len(watch.summary.dead_letters) >= 2)
+
+    say.step("Job 2001 ends: GARM deletes its VM and releases it; room for warm VMs again")
+    first = watch.decisions["cold-1"]["lease"]
+    await driver.garm_deletes(first["instance"], first["host"])
+    await driver.command("release", "release-cold-1", instance=first["instance"])
+    await watch.until("the warm pool refilled", lambda: _ready(replica, "linux") >= 2)
+    say.note("the leader refilled the warm pool into the room the job left")

@@ -287,9 +287,8 @@ def demo(db: Path, nats_url: str | None, quiet: bool, log_level: str) -> None:
         raise click.ClickException(str(exc)) from exc
     outcomes: dict[str, int] = {}
     for d in summary.decisions:
-        key = f"{d['verb']} {d['phase']} {d['outcome']}" + (
-            f" ({d['reason']})" if "reason" in d else ""
-        )
+        phase = "" if d["phase"] == d["outcome"] else f" {d['phase']}"
+        key = f"{d['verb']}{phase} {d['outcome']}" + (f" ({d['reason']})" if "reason" in d else "")
         outcomes[key] = outcomes.get(key, 0) + 1
     click.echo("\nSummary of decisions")
     for key, n in sorted(outcomes.items()):

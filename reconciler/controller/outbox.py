@@ -55,6 +55,7 @@ class OutboxPublisher:
         self.max_backoff_s = max_backoff_s
         self.published = 0
         self._wake = anyio.Event()
+        self._draining = anyio.Lock()
 
     def notify(self, commit: Commit) -> None:
         """Commit listener: a batch with outputs wakes the publisher."""
@@ -84,7 +85,15 @@ class OutboxPublisher:
             delay = min(delay * 2, self.max_backoff_s)
 
     async def drain(self, leadership: Leadership) -> int:
-        """Publish every unsent row; how many were published. Raises :class:`PublishError`."""
+        """Publish every unsent row; how many were published. Raises :class:`PublishError`.
+
+        Drains never overlap (a final drain on shutdown waits for the running one), so a
+        row is not sent twice by this publisher.
+        """
+        async with self._draining:
+            return await self._drain(leadership)
+
+    async def _drain(self, leadership: Leadership) -> int:
         sent = 0
         while True:
             snap = await self.store.outbox_snapshot(self.rows_per_round)

@@ -16,9 +16,9 @@ Rules (DESIGN.md: the fold stays the only judge):
   memory: at worst it asks again, and the fold's ``max_ready`` caps the result.
 - A top-up that was rejected (no capacity, no suitable host) is not retried at once: the
   pool's key backs off exponentially (the work queue's per-key backoff), except that a
-  change to any host (a snapshot, an inventory, a lease released there) looks again at
-  once, since room may have appeared. The backoff is forgotten after a round that is not
-  refused.
+  change to any host or to the pool's leases looks again within ``recheck_s``, since
+  room may have appeared; changes meanwhile coalesce into that one look. The backoff is
+  forgotten after a round that is not refused.
 """
 
 from __future__ import annotations
@@ -82,9 +82,11 @@ class WarmPoolReconciler:
         prefix: str,
         workers: int = 1,
         interval_s: float = 10.0,
+        recheck_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.caches = caches
+        self.recheck_s = recheck_s
         self.js = js
         self.prefix = prefix
         self.workers = workers
@@ -103,14 +105,17 @@ class WarmPoolReconciler:
         decided, and at every pool backing off a rejection when a host changed (capacity
         may have appeared)."""
         for pool in commit.fx.pools:
-            self.queue.add(pool)
+            if pool in self.blocked:  # refused lately: look again soon, not per commit
+                self.queue.add_after(pool, self.recheck_s)
+            else:
+                self.queue.add(pool)
         for request_id in commit.fx.decisions:
             decided = self.in_flight.get(request_id)
             if decided is not None:  # one of ours was decided: settle it
                 self.queue.add(decided)
         if commit.fx.hosts:
-            for pool in self.blocked:
-                self.queue.add(pool)
+            for pool in self.blocked:  # coalesced: a busy fleet changes hosts all the time
+                self.queue.add_after(pool, self.recheck_s)
 
     async def run(self) -> None:
         await run_with_resync(
