@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from reconciler.cli.options import (
     incus_options,
     log_options,
 )
+from reconciler.cli.signals import run_until_signalled
 from reconciler.controller.bridge import Bridge, HostBridge, HostSettings, settings_from_json
 from reconciler.incus.client import IncusHost
 
@@ -98,16 +98,14 @@ async def _run(
             )
             for host in hosts
         ]
-        async with anyio.create_task_group() as tg:
 
-            async def on_signals() -> None:
-                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    async for _ in signals:
-                        tg.cancel_scope.cancel()
-                        return
+        async def watch(stop: anyio.Event) -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(Bridge(bridges).run)
+                await stop.wait()  # nothing is in hand between publishes: stop at once
+                tg.cancel_scope.cancel()
 
-            tg.start_soon(on_signals)
-            await Bridge(bridges).run()
+        await run_until_signalled(watch, stopping="stopping")
     finally:
         with anyio.CancelScope(shield=True):
             for host in hosts:

@@ -19,7 +19,6 @@ Rules:
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,10 +35,11 @@ from reconciler.cli.options import (
     log_options,
     parse_verify,
 )
+from reconciler.cli.signals import run_until_signalled
 from reconciler.controller.executor import DEFAULT_RETENTION_S, Executor, ExecutorConfig
 from reconciler.store.errors import StoreError
 
-__all__ = ["executor", "load_endpoints", "parse_verify", "run_until_signalled"]
+__all__ = ["executor", "load_endpoints", "parse_verify", "run_executor"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -157,30 +157,17 @@ def executor(**kwargs: Any) -> None:
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     try:
-        anyio.run(run_until_signalled, config)
+        anyio.run(run_executor, config)
     except StoreError as exc:
         raise click.ClickException(str(exc)) from exc
 
 
-async def run_until_signalled(config: ExecutorConfig) -> None:
+async def run_executor(config: ExecutorConfig) -> None:
     """Run an :class:`Executor` until SIGTERM/SIGINT (a second one stops it at once)."""
     runner = Executor(config)
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-
-        async def on_signals() -> None:
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for signum in signals:
-                    if stop.is_set():
-                        tg.cancel_scope.cancel()
-                        return
-                    name = signal.Signals(signum).name
-                    click.echo(f"{name}: finishing the commands running", err=True)
-                    stop.set()
-
-        tg.start_soon(on_signals)
-        await runner.run(stop=stop)
-        tg.cancel_scope.cancel()
+    await run_until_signalled(
+        lambda stop: runner.run(stop=stop), stopping="finishing the commands running"
+    )
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from reconciler.cli.options import (
     run_options,
 )
 from reconciler.cli.overview import overview_lines
+from reconciler.cli.signals import run_until_signalled
 from reconciler.cli.sim_incus import sim_incus
 from reconciler.controller.replay import ReplayError, replay
 from reconciler.controller.runtime import Replica, RunConfig, StartupError, default_replica_name
@@ -95,29 +95,14 @@ def run(**kwargs: Any) -> None:
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     try:
-        anyio.run(_run_until_signalled, config)
+        anyio.run(
+            lambda: run_until_signalled(
+                lambda stop: Replica(config).run(stop=stop),
+                stopping="stopping after the batch in hand",
+            )
+        )
     except (StartupError, StoreError) as exc:
         raise click.ClickException(str(exc)) from exc
-
-
-async def _run_until_signalled(config: RunConfig) -> None:
-    replica = Replica(config)
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-
-        async def on_signals() -> None:
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for signum in signals:
-                    if stop.is_set():
-                        tg.cancel_scope.cancel()  # second signal: stop now
-                        return
-                    name = signal.Signals(signum).name
-                    click.echo(f"{name}: stopping after the batch in hand", err=True)
-                    stop.set()
-
-        tg.start_soon(on_signals)
-        await replica.run(stop=stop)
-        tg.cancel_scope.cancel()
 
 
 # --------------------------------------------------------------------------- replay

@@ -21,19 +21,17 @@ Rules:
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import TracebackType
 from typing import Final, Self
 
 import aiosqlite
 
-from reconciler.store.errors import StoreClosed, StoreError
+from reconciler.store.database import Database
+from reconciler.store.errors import StoreError
 
 __all__ = ["DONE_OUTCOMES", "OUTCOMES", "ExecutorStore", "FinishedCommand"]
 
@@ -107,16 +105,16 @@ def _row(row: sqlite3.Row) -> FinishedCommand:
     )
 
 
-class ExecutorStore:
+class ExecutorStore(Database):
     """An open executor database. Use :meth:`open`; close with :meth:`close` or ``async with``."""
+
+    label = "executor database"
 
     def __init__(
         self, conn: aiosqlite.Connection, path: Path, *, clock: Callable[[], float] = time.time
     ) -> None:
-        self._conn: aiosqlite.Connection | None = conn
-        self._lock = asyncio.Lock()
+        super().__init__(conn, path)
         self._clock = clock
-        self.path = path
 
     @classmethod
     async def open(cls, path: str | Path, *, clock: Callable[[], float] = time.time) -> Self:
@@ -148,42 +146,10 @@ class ExecutorStore:
             raise
         return cls(conn, path, clock=clock)
 
-    async def close(self) -> None:
-        """Close the connection (idempotent)."""
-        async with self._lock:
-            conn, self._conn = self._conn, None
-            if conn is not None:
-                try:
-                    await conn.close()
-                except sqlite3.Error as exc:
-                    raise StoreError(f"cannot close {self.path}: {exc}") from exc
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    @asynccontextmanager
-    async def _using(self, what: str) -> AsyncIterator[aiosqlite.Connection]:
-        async with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise StoreClosed(f"executor database {self.path} is closed ({what})")
-            try:
-                yield conn
-            except sqlite3.Error as exc:
-                raise StoreError(f"executor database {self.path}: {what}: {exc}") from exc
-
     async def finished(self, command_id: str) -> FinishedCommand | None:
         """The record of ``command_id``, or ``None`` if it never finished."""
         async with (
-            self._using("read a command") as conn,
+            self.using("read a command") as conn,
             conn.execute(
                 f"SELECT {_COLUMNS} FROM finished WHERE command_id = ?", (command_id,)
             ) as cur,
@@ -194,7 +160,7 @@ class ExecutorStore:
     async def lease_deleted(self, *, host: str, lease_id: str) -> FinishedCommand | None:
         """A carried-out delete of ``lease_id``'s VM on ``host``, if one was recorded."""
         async with (
-            self._using("read a lease's delete") as conn,
+            self.using("read a lease's delete") as conn,
             conn.execute(
                 f"SELECT {_COLUMNS} FROM finished WHERE lease_id = ? AND verb = 'delete' "
                 "AND host = ? AND outcome IN ('deleted', 'absent') "
@@ -210,7 +176,7 @@ class ExecutorStore:
         record of a command id wins, and is returned."""
         if not done.finished_at:
             done = replace(done, finished_at=self._clock())
-        async with self._using("record a command") as conn:
+        async with self.using("record a command") as conn:
             await conn.execute(
                 f"INSERT INTO finished ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (command_id) DO NOTHING",
@@ -238,7 +204,7 @@ class ExecutorStore:
     async def prune(self, *, retention_s: float) -> int:
         """Forget records finished more than ``retention_s`` ago; how many were dropped."""
         cutoff = self._clock() - retention_s
-        async with self._using("prune") as conn:
+        async with self.using("prune") as conn:
             cur = await conn.execute("DELETE FROM finished WHERE finished_at < ?", (cutoff,))
             count = cur.rowcount
             await cur.close()
@@ -247,7 +213,7 @@ class ExecutorStore:
     async def count(self) -> int:
         """How many finished commands are remembered."""
         async with (
-            self._using("count") as conn,
+            self.using("count") as conn,
             conn.execute("SELECT count(*) FROM finished") as cur,
         ):
             row = await cur.fetchone()

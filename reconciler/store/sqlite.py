@@ -27,8 +27,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import aiosqlite
 
@@ -45,7 +44,8 @@ from reconciler.core.model import (
 )
 from reconciler.core.state import DecisionRecord, Effects, Output, State
 from reconciler.store.codec import CodecError, decode, encode
-from reconciler.store.errors import StoreClosed, StoreError
+from reconciler.store.database import Database
+from reconciler.store.errors import StoreError
 from reconciler.store.migrations import migrate
 from reconciler.store.migrations import schema_version as read_schema_version
 
@@ -241,13 +241,10 @@ def _decision(row: Sequence[Any]) -> DecisionRecord:
     )
 
 
-class Store:
+class Store(Database):
     """An open store. Use :meth:`open`; close it with :meth:`close` or ``async with``."""
 
-    def __init__(self, conn: aiosqlite.Connection, path: Path) -> None:
-        self._conn: aiosqlite.Connection | None = conn
-        self._lock = asyncio.Lock()
-        self.path = path
+    label = "store"
 
     # ---------------------------------------------------------------- lifetime
 
@@ -297,43 +294,10 @@ class Store:
         await conn.execute("PRAGMA cache_size = -32768")
         await conn.execute("PRAGMA wal_autocheckpoint = 4000")
 
-    async def close(self) -> None:
-        """Close the connection (idempotent); later calls raise :class:`StoreClosed`."""
-        async with self._lock:
-            conn, self._conn = self._conn, None
-            if conn is not None:
-                try:
-                    await conn.close()
-                except sqlite3.Error as exc:
-                    raise StoreError(f"cannot close store {self.path}: {exc}") from exc
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    @asynccontextmanager
-    async def _using(self, what: str) -> AsyncIterator[aiosqlite.Connection]:
-        """The connection, alone, with driver errors translated."""
-        async with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise StoreClosed(f"store {self.path} is closed ({what})")
-            try:
-                yield conn
-            except sqlite3.Error as exc:
-                raise StoreError(f"store {self.path}: {what} failed: {exc}") from exc
-
     @asynccontextmanager
     async def _transaction(self, what: str) -> AsyncIterator[aiosqlite.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction: committed on exit, rolled back on error."""
-        async with self._using(what) as conn:
+        async with self.using(what) as conn:
             if conn.in_transaction:  # left open by a failed COMMIT or ROLLBACK: discard it
                 await conn.execute("ROLLBACK")
             await conn.execute("BEGIN IMMEDIATE")
@@ -431,7 +395,7 @@ class Store:
 
     async def applied_seq(self) -> int:
         """The last stream sequence whose batch is committed (0 for a new store)."""
-        async with self._using("read position") as conn:
+        async with self.using("read position") as conn:
             return await self._applied_seq(conn)
 
     @staticmethod
@@ -444,7 +408,7 @@ class Store:
 
     async def published_seq(self) -> int:
         """The input sequence up to which every output is known to be on the bus."""
-        async with self._using("read published position") as conn:
+        async with self.using("read published position") as conn:
             return await self._published_seq(conn)
 
     @staticmethod
@@ -456,12 +420,12 @@ class Store:
         return int(row[0])
 
     async def schema_version(self) -> int:
-        async with self._using("read schema version") as conn:
+        async with self.using("read schema version") as conn:
             return await read_schema_version(conn)
 
     async def load_state(self) -> State:
         """The state as committed, derived indexes rebuilt (``State.reindex``)."""
-        async with self._using("load state") as conn:
+        async with self.using("load state") as conn:
             # one read transaction: a consistent snapshot even with other writers
             await conn.execute("BEGIN")
             try:
@@ -488,7 +452,7 @@ class Store:
 
     async def unsent_outbox(self, limit: int = 1000) -> list[OutboxRow]:
         """Up to ``limit`` unpublished outputs, oldest first."""
-        async with self._using("read outbox") as conn:
+        async with self.using("read outbox") as conn:
             rows = await conn.execute_fetchall(
                 "SELECT id, subject, msg_id, payload FROM outbox WHERE sent = 0 "
                 "ORDER BY id LIMIT ?",
@@ -499,7 +463,7 @@ class Store:
     async def outbox_snapshot(self, limit: int = 1000) -> OutboxSnapshot:
         """Up to ``limit`` unpublished outputs, oldest first, with the position, read
         consistently (see :class:`OutboxSnapshot`)."""
-        async with self._using("read outbox") as conn:
+        async with self.using("read outbox") as conn:
             await conn.execute("BEGIN")
             try:
                 applied = await self._applied_seq(conn)
@@ -515,7 +479,7 @@ class Store:
 
     async def lease_history(self, lease_id: str) -> list[dict[str, Any]]:
         """The journal of one lease, in order: ``input_seq, event, from_state, to_state``."""
-        async with self._using("read lease history") as conn:
+        async with self.using("read lease history") as conn:
             rows = await conn.execute_fetchall(
                 "SELECT input_seq, event, from_state, to_state FROM journal "
                 "WHERE lease_id = ? ORDER BY id",
@@ -529,7 +493,7 @@ class Store:
     async def find_leases(self, identifier: str) -> list[Lease]:
         """Every lease (active or released) that ``identifier`` names, oldest first: as
         lease id, instance name, bound job, or the request id of a decision."""
-        async with self._using("find leases") as conn:
+        async with self.using("find leases") as conn:
             rows = await conn.execute_fetchall(
                 "SELECT lease_id, data FROM leases WHERE lease_id = ?1 OR instance = ?1 "
                 "OR job = ?1 OR lease_id IN (SELECT lease_id FROM jobs WHERE job = ?1) "
@@ -541,7 +505,7 @@ class Store:
 
     async def transitions_at(self, input_seq: int) -> list[dict[str, Any]]:
         """Every lease transition one input caused, in order (audit: "what did N do")."""
-        async with self._using("read journal") as conn:
+        async with self.using("read journal") as conn:
             rows = await conn.execute_fetchall(
                 "SELECT lease_id, event, from_state, to_state FROM journal "
                 "WHERE input_seq = ? ORDER BY id",
@@ -559,7 +523,7 @@ class Store:
         if (lease_id is None) == (request_id is None):
             raise TypeError("decisions_for() takes exactly one of lease_id, request_id")
         column, key = ("lease_id", lease_id) if lease_id is not None else ("request_id", request_id)
-        async with self._using("read decisions") as conn:
+        async with self.using("read decisions") as conn:
             rows = await conn.execute_fetchall(
                 f"SELECT {_DECISION_COLUMNS} FROM decisions WHERE {column} = ? ORDER BY request_id",
                 (key,),

@@ -1,0 +1,71 @@
+"""One aiosqlite connection, used alone: what every SQLite database of the project shares.
+
+Rules:
+
+- Every use of the connection goes through :meth:`Database.using`, which holds a lock
+  (so a transaction never interleaves with another coroutine's statements) and turns
+  driver errors into :class:`~reconciler.store.errors.StoreError` naming the database
+  and what was being done (``raise … from``).
+- :meth:`Database.close` is idempotent; using a closed database raises
+  :class:`~reconciler.store.errors.StoreClosed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import aiosqlite
+
+from reconciler.store.errors import StoreClosed, StoreError
+
+__all__ = ["Database"]
+
+
+class Database:
+    """An open connection to the SQLite file ``path``; ``label`` names it in errors."""
+
+    label = "database"
+
+    def __init__(self, conn: aiosqlite.Connection, path: Path) -> None:
+        self._conn: aiosqlite.Connection | None = conn
+        self._lock = asyncio.Lock()
+        self.path = path
+
+    async def close(self) -> None:
+        """Close the connection (idempotent); later uses raise :class:`StoreClosed`."""
+        async with self._lock:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                try:
+                    await conn.close()
+                except sqlite3.Error as exc:
+                    raise StoreError(f"cannot close {self.label} {self.path}: {exc}") from exc
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @asynccontextmanager
+    async def using(self, what: str) -> AsyncIterator[aiosqlite.Connection]:
+        """The connection, alone, with driver errors translated."""
+        async with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise StoreClosed(f"{self.label} {self.path} is closed ({what})")
+            try:
+                yield conn
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.label} {self.path}: {what} failed: {exc}") from exc
