@@ -319,3 +319,16 @@ def test_facts_lifecycle_actions_cover_the_simulators() -> None:
     }
     for action in emitted:
         assert f"-{action.removeprefix('instance-')}" in listed or action in listed, action
+
+
+@pytest.mark.parametrize("name", ["rest-api.yaml", "FACTS.md"])
+def test_vendored_spec_is_the_shared_one(name: str) -> None:
+    """The copies under tests/incus/data must follow ../shared/incus when it changes."""
+    from tests.incus.spec import SHARED_DIR, VENDORED_DIR
+
+    shared = SHARED_DIR / name
+    if not shared.exists():
+        pytest.skip(f"{shared} is not on this machine; the vendored copy is used")
+    assert (VENDORED_DIR / name).read_bytes() == shared.read_bytes(), (
+        f"copy {shared} to {VENDORED_DIR / name}"
+    )
