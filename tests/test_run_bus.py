@@ -478,3 +478,31 @@ async def test_a_graceful_stop_publishes_everything_committed(
         assert (await store.outbox_snapshot()).rows == []
         assert await store.published_seq() == len(fleet()) + 20
     assert len(await bus.outputs("rc.out.decision.>")) == 20
+
+
+async def test_a_warm_vm_that_never_boots_is_released_and_asked_for_again(
+    nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    bus = BusClient(nc)
+    config = fast_config(
+        nats_url, tmp_path / "rc.db", warm_boot_timeout_s=1.0, status_progress_interval_s=0.3
+    )
+    async with running_replica(config):
+        # no executor runs: the created VM never comes, and no event will say so
+        await bus.send(b.snapshot("h1"), b.pool("web", min_ready=1, max_ready=1))
+        first = (await bus.wait_outputs("rc.out.decision.>"))[0].json()
+        assert first["request_id"].startswith("topup-web-")
+        lease = first["lease"]
+        expired = await bus.decision(f"expire-{lease['lease_id']}", within_s=10)
+        assert (expired["verb"], expired["lease"]["state"]) == ("release", "released")
+        with anyio.fail_after(10):
+            while True:
+                topups = [
+                    d.json()
+                    for d in await bus.outputs("rc.out.decision.>")
+                    if d.json()["request_id"].startswith("topup-web-")
+                ]
+                if len(topups) >= 2:
+                    break
+                await anyio.sleep(0.05)
+        assert topups[1]["lease"]["instance"] != lease["instance"]

@@ -89,6 +89,7 @@ def run(**kwargs: Any) -> None:
             status_debounce_s=kwargs["status_debounce"],
             status_progress_interval_s=kwargs["status_progress_interval"],
             live_get_timeout_s=kwargs["live_get_timeout"],
+            warm_boot_timeout_s=kwargs["warm_boot_timeout"],
             leader_ttl_s=kwargs["leader_ttl"],
             metrics_addr=kwargs["metrics_addr"],
         )

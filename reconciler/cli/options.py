@@ -155,6 +155,14 @@ def run_options(f: F) -> F:
                 help="Seconds a live Incus GET of a suspect instance may take.",
             ),
             _option(
+                "warm-boot-timeout",
+                type=click.FloatRange(min=0, min_open=True),
+                default=600.0,
+                show_default=True,
+                help="Seconds a warm VM may take from admission to ready before its lease is "
+                "released and the pool asks for another.",
+            ),
+            _option(
                 "leader-ttl",
                 type=click.FloatRange(min=0, min_open=True),
                 default=10.0,

@@ -82,6 +82,8 @@ class RunConfig:
     status_debounce_s: float = 1.0
     status_progress_interval_s: float = 10.0
     live_get_timeout_s: float = 5.0
+    #: a warm VM not ready this long after its admission is released (and asked again)
+    warm_boot_timeout_s: float = 600.0
     leader_ttl_s: float = DEFAULT_LEADER_TTL_S
     max_age_s: float = DEFAULT_MAX_AGE_S
     duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S
@@ -94,7 +96,12 @@ class RunConfig:
             raise ValueError(f"replica name must be 1-64 of [A-Za-z0-9_-], not {self.replica!r}")
         if self.workers < 1 or self.batch < 1:
             raise ValueError("workers and batch must be >= 1")
-        for name in ("status_debounce_s", "status_progress_interval_s", "live_get_timeout_s"):
+        for name in (
+            "status_debounce_s",
+            "status_progress_interval_s",
+            "live_get_timeout_s",
+            "warm_boot_timeout_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
 
@@ -229,6 +236,7 @@ class Replica:
             js=js,
             prefix=cfg.prefix,
             interval_s=cfg.status_progress_interval_s,
+            boot_timeout_s=cfg.warm_boot_timeout_s,
         )
         verifier = SuspectVerifier(
             caches=caches,

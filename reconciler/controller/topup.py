@@ -14,6 +14,9 @@ Rules (DESIGN.md: the fold stays the only judge):
 - A command published and not yet decided counts as on its way, so a pool is not asked
   twice for the same VM while the first request travels. A new leader starts without that
   memory: at worst it asks again, and the fold's ``max_ready`` caps the result.
+- A warm lease still reserved or created ``boot_timeout_s`` after its admission (its VM
+  could not be created or started: no event will ever say so) is released by a
+  ``release`` command ``expire-<lease>``; the pool then asks for another.
 - A top-up that was rejected (no capacity, no suitable host) is not retried at once: the
   pool's key backs off exponentially (the work queue's per-key backoff), except that a
   change to any host or to the pool's leases looks again within ``recheck_s``, since
@@ -23,6 +26,7 @@ Rules (DESIGN.md: the fold stays the only judge):
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import re
 import time
@@ -34,7 +38,7 @@ from nats.js import JetStreamContext
 
 from reconciler.controller.caches import Caches, Commit
 from reconciler.controller.workqueue import TemporaryError, WorkQueue, run_with_resync
-from reconciler.core.model import PoolName, RequestId
+from reconciler.core.model import LeaseKind, LeaseState, PoolName, RequestId
 from reconciler.core.status import warm_deficit
 
 __all__ = ["WarmPoolReconciler", "topup_request_id", "warm_instance_name"]
@@ -83,10 +87,14 @@ class WarmPoolReconciler:
         workers: int = 1,
         interval_s: float = 10.0,
         recheck_s: float = 2.0,
+        boot_timeout_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.caches = caches
         self.recheck_s = recheck_s
+        self.boot_timeout_s = boot_timeout_s
+        self._wall = wall
         self.js = js
         self.prefix = prefix
         self.workers = workers
@@ -135,6 +143,7 @@ class WarmPoolReconciler:
             self.blocked.add(pool)
             raise TemporaryError(f"warm top-up of pool {pool} rejected: {rejected}")
         self.blocked.discard(pool)
+        await self._expire_stuck(pool)
         travelling = sum(1 for p in self.in_flight.values() if p == pool)
         wanted = warm_deficit(state, pool) - travelling
         if wanted <= 0:
@@ -158,6 +167,48 @@ class WarmPoolReconciler:
             self.published += 1
         logger.info("warm_pool.top_up", pool=pool, requested=wanted, at_seq=seq)
 
+    async def _expire_stuck(self, pool: PoolName) -> None:
+        """Release the pool's warm leases that never became ready within the boot timeout.
+
+        A create the executor could not carry out (a bad image, a refused start) sends no
+        event back: without this, its lease would book capacity and count as booting
+        forever, and the pool would never refill. A VM that does turn up later carries a
+        released lease's tag, so the next inventory has the executor delete it.
+        """
+        state = self.caches.state
+        now = self._wall()
+        for lease in state.active_in_pool(pool):
+            if (
+                lease.kind is not LeaseKind.WARM
+                or lease.state not in (LeaseState.RESERVED, LeaseState.CREATED)
+                or lease.gated
+                or lease.request_id is None
+            ):
+                continue
+            record = state.decisions.get(lease.request_id)
+            admitted_at = _epoch(orjson.loads(record.payload)["decided_at"]) if record else None
+            if admitted_at is None or now - admitted_at < self.boot_timeout_s:
+                continue
+            request_id = RequestId(f"expire-{lease.lease_id}")
+            if request_id in self.in_flight or request_id in state.decisions:
+                continue
+            payload = {"v": 1, "request_id": request_id, "instance": lease.instance}
+            await self.js.publish(
+                f"{self.prefix}.in.cmd.release",
+                orjson.dumps(payload),
+                headers={"Nats-Msg-Id": f"in:{request_id}"},
+            )
+            self.in_flight[request_id] = pool
+            logger.warning(
+                "warm_pool.boot_timed_out",
+                pool=pool,
+                lease_id=lease.lease_id,
+                instance=lease.instance,
+                host=lease.host,
+                state=lease.state.value,
+                waited_s=round(now - admitted_at),
+            )
+
     def _settle(self, pool: PoolName) -> str | None:
         """Forget this pool's decided top-ups; the reason of a rejected one, if any."""
         decisions = self.caches.state.decisions
@@ -171,3 +222,12 @@ class WarmPoolReconciler:
             if body.get("outcome") == "rejected":
                 rejected = str(body.get("reason"))
         return rejected
+
+
+def _epoch(rfc3339: str) -> float | None:
+    """Seconds since the epoch of a decision's ``decided_at`` (to the second)."""
+    try:
+        moment = dt.datetime.strptime(rfc3339[:19], "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+    return moment.replace(tzinfo=dt.UTC).timestamp()
