@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,6 @@ import orjson
 
 from reconciler.bus.embedded import NatsServerNotFound
 from reconciler.cli.audit import audit_lines
-from reconciler.cli.bridge_cmd import bridge
-from reconciler.cli.demo import run_demo
-from reconciler.cli.executor_cmd import executor
 from reconciler.cli.logs import LOG_LEVELS, configure_logging
 from reconciler.cli.options import (
     bus_options,
@@ -27,13 +25,37 @@ from reconciler.cli.options import (
 )
 from reconciler.cli.overview import overview_lines
 from reconciler.cli.signals import run_until_signalled
-from reconciler.cli.sim_incus import sim_incus
 from reconciler.controller.replay import ReplayError, replay
 from reconciler.controller.runtime import Replica, RunConfig, StartupError, default_replica_name
 from reconciler.store.errors import StoreError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Commands(click.Group):
+    """The command group, with the Incus-side commands loaded only when they are run:
+    ``reconciler run`` never loads pylxd, the simulator or aiohttp's server."""
+
+    LAZY: dict[str, tuple[str, str]] = {
+        "bridge": ("reconciler.cli.bridge_cmd", "bridge"),
+        "executor": ("reconciler.cli.executor_cmd", "executor"),
+        "sim-incus": ("reconciler.cli.sim_incus", "sim_incus"),
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.LAZY])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.LAZY:
+            module, attr = self.LAZY[cmd_name]
+            command = getattr(importlib.import_module(module), attr)
+            assert isinstance(command, click.Command)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(
+    cls=_Commands,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(package_name="reconciler")
 def cli() -> None:
     """Admission control for self-hosted CI runners on Incus (see CONTRACT.md)."""
@@ -267,6 +289,8 @@ def demo(db: Path, nats_url: str | None, quiet: bool, log_level: str) -> None:
     decision as it comes back, then replays the stream to prove every decision again.
     """
     configure_logging(fmt="text", level=log_level)
+    from reconciler.cli.demo import run_demo  # the simulator, pylxd: only for the demo
+
     try:
         summary = anyio.run(lambda: run_demo(db, nats_url=nats_url, echo=not quiet))
     except NatsServerNotFound as exc:
@@ -289,11 +313,6 @@ def demo(db: Path, nats_url: str | None, quiet: bool, log_level: str) -> None:
     )
     if summary.replay_divergences:
         sys.exit(1)
-
-
-cli.add_command(sim_incus)
-cli.add_command(bridge)
-cli.add_command(executor)
 
 
 def main() -> None:

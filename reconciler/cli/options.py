@@ -19,7 +19,7 @@ import orjson
 
 from reconciler.bus.connection import DEFAULT_NATS_URL, ConnectOptions, parse_urls
 from reconciler.cli.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
-from reconciler.incus.client import IncusEndpoint, endpoints_from_fleet_file
+from reconciler.incus.endpoints import IncusEndpoint, endpoints_from_fleet_file
 
 __all__ = [
     "Common",

@@ -26,7 +26,7 @@ import re
 import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
@@ -45,14 +45,17 @@ from reconciler.bus.streams import (
 )
 from reconciler.controller.caches import Caches
 from reconciler.controller.leader import LeaderElection, Leadership
-from reconciler.controller.metrics import MetricsServer
 from reconciler.controller.outbox import OutboxPublisher
 from reconciler.controller.queries import QueryResponder
 from reconciler.controller.status import StatusReporter
 from reconciler.controller.topup import WarmPoolReconciler
 from reconciler.controller.verify import IncusPresence, SuspectVerifier
-from reconciler.incus.client import IncusEndpoint, IncusHost
+from reconciler.incus.endpoints import IncusEndpoint
 from reconciler.store.sqlite import Store
+
+if TYPE_CHECKING:
+    from reconciler.controller.metrics import MetricsServer
+    from reconciler.incus.client import IncusHost
 
 __all__ = ["Replica", "RunConfig", "StartupError", "default_replica_name"]
 
@@ -120,13 +123,17 @@ class Replica:
         self.caches: Caches | None = None
         self.election: LeaderElection | None = None
         self.queries: QueryResponder | None = None
-        self.metrics: MetricsServer | None = None
+        self.metrics: MetricsServer | None = None  # aiohttp, loaded only when asked for
         self._head = 0
         self._published = 0
         self._status_published = 0
         self._publisher: OutboxPublisher | None = None
         self._reporter: StatusReporter | None = None
-        self.incus = {ep.host: IncusHost(ep) for ep in config.incus}
+        self.incus: dict[str, IncusHost] = {}
+        if config.incus:  # pylxd is loaded only when there are hosts to ask
+            from reconciler.incus.client import IncusHost
+
+            self.incus = {ep.host: IncusHost(ep) for ep in config.incus}
         self._log = logger.bind(replica=config.replica, prefix=config.prefix)
 
     # ------------------------------------------------------------------- run
@@ -185,6 +192,8 @@ class Replica:
         self.queries = QueryResponder(nc=nc, caches=caches, prefix=cfg.prefix, health=self.health)
         await self.queries.start()
         if cfg.metrics_addr:
+            from reconciler.controller.metrics import MetricsServer
+
             self.metrics = MetricsServer(addr=cfg.metrics_addr, runtime=self, health=self.health)
             await self.metrics.start()
         self._log.info(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 import orjson
@@ -34,7 +34,9 @@ from nats.js import JetStreamContext
 from reconciler.controller.caches import Caches, Commit
 from reconciler.controller.workqueue import TemporaryError, WorkQueue, run_with_resync
 from reconciler.core.model import LeaseId
-from reconciler.incus.client import IncusHost
+
+if TYPE_CHECKING:  # the client (pylxd) is loaded only by a replica that has Incus hosts
+    from reconciler.incus.client import IncusHost
 
 __all__ = ["IncusPresence", "InstanceProbe", "Presence", "SuspectVerifier"]
 

@@ -71,9 +71,13 @@ class DecisionRecord:
     request_id: RequestId
     verb: str
     phase: str
-    msg_id: str
     payload: bytes
     lease_id: LeaseId | None = None
+
+    @property
+    def msg_id(self) -> str:
+        """Its ``Nats-Msg-Id`` (CONTRACT.md): derived, so no copy is kept per request."""
+        return f"decision:{self.request_id}:{self.phase}"
 
 
 @dataclass(slots=True)

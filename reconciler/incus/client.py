@@ -28,16 +28,14 @@ import functools
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
-import orjson
 import requests
 from pylxd import Client
 from pylxd import exceptions as pylxd_errors
 
+from reconciler.incus.endpoints import IncusEndpoint, endpoints_from_fleet_file
 from reconciler.incus.errors import (
     ApiRejected,
     IncusError,
@@ -73,27 +71,6 @@ _OPERATION_ERRORS: tuple[tuple[str, type[OperationFailed]], ...] = (
     ("The instance is already stopped", InstanceAlreadyStopped),
     ("The instance is already running", InstanceAlreadyRunning),
 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class IncusEndpoint:
-    """How to reach one Incus host: its name in the fleet and its pylxd URL.
-
-    ``url`` is ``http+unix://<quoted socket path>``, ``https://HOST:8443`` or (the
-    simulator) ``http://HOST:PORT``; ``cert`` is the client certificate and key paths,
-    ``verify`` a bool or a CA/server certificate path, as pylxd takes them.
-    """
-
-    host: str
-    url: str
-    cert: tuple[str, str] | None = None
-    verify: bool | str = True
-
-
-def endpoints_from_fleet_file(path: Path) -> tuple[IncusEndpoint, ...]:
-    """The endpoints listed in a simulator fleet file, by host name."""
-    hosts = orjson.loads(path.read_bytes())["hosts"]
-    return tuple(IncusEndpoint(host=name, url=hosts[name]["url"]) for name in sorted(hosts))
 
 
 class IncusHost:
