@@ -4,6 +4,7 @@ outbox and journal, migrations, error translation, and the entity codec."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import sqlite3
 import tempfile
@@ -20,31 +21,13 @@ from hypothesis import strategies as st
 from reconciler.core.fold import fold, fold_batch
 from reconciler.core.inputs import Message
 from reconciler.core.model import (
-    ClaimSpec,
     ClassName,
-    ComputeMode,
-    Gpu,
-    GpuPolicy,
-    GpuProfile,
-    GpuRequest,
-    GpuRuntime,
-    Host,
     HostName,
-    InstanceName,
     JobId,
-    Lease,
     LeaseId,
-    LeaseKind,
     LeaseState,
-    MigMode,
-    Placement,
-    PolicySelector,
-    Pool,
     PoolName,
     RequestId,
-    ResourceClass,
-    Resources,
-    WarmPolicy,
 )
 from reconciler.core.state import Effects, Output, State
 from reconciler.store import (
@@ -55,7 +38,8 @@ from reconciler.store import (
     encode_batch,
 )
 from reconciler.store import migrations as mig
-from reconciler.store.codec import CodecError, converter, decode, encode
+from reconciler.store.codec import CodecError
+from reconciler.store.outbox import unpack_outputs
 from tests import builders as b
 
 # ============================================================================ scenario
@@ -223,8 +207,8 @@ def raw_rows(db: Path, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, 
 
 
 def all_outbox(db: Path) -> list[tuple[str, str | None, bytes]]:
-    rows = raw_rows(db, "SELECT subject, msg_id, payload FROM outbox ORDER BY id")
-    return [(s, m, bytes(p)) for s, m, p in rows]
+    rows = raw_rows(db, "SELECT outputs FROM outbox_batches ORDER BY input_seq")
+    return [output for (blob,) in rows for output in unpack_outputs(bytes(blob))]
 
 
 def all_journal(db: Path) -> list[tuple[int, str, str, str | None, str]]:
@@ -348,7 +332,7 @@ async def test_the_database_is_wal_with_synchronous_normal(tmp_path: Path) -> No
 async def counts(db: Path) -> tuple[int, ...]:
     async with aiosqlite.connect(db) as conn:
         out = []
-        for table in ("leases", "decisions", "journal", "outbox", "jobs", "hosts"):
+        for table in ("leases", "decisions", "journal", "outbox_batches", "jobs", "hosts"):
             async with conn.execute(f"SELECT count(*) FROM {table}") as cur:
                 row = await cur.fetchone()
                 assert row is not None
@@ -416,46 +400,61 @@ async def test_entities_absent_from_the_state_are_deleted(tmp_path: Path) -> Non
 DEAD_LETTER = Output("dlq.input.schema", "dlq:99", b'{"reason":"schema"}')
 
 
-async def test_outbox_unsent_mark_sent_and_prune(tmp_path: Path) -> None:
+async def test_outbox_batches_are_published_through_a_position(tmp_path: Path) -> None:
     db = tmp_path / "rc.db"
     state, fx = folded(MESSAGES[:14])
     expected = [*outputs(fx), (DEAD_LETTER.subject, DEAD_LETTER.msg_id, DEAD_LETTER.payload)]
     async with await Store.open(db) as store:
         assert await store.commit(state, fx, applied_seq=14, extra_outputs=[DEAD_LETTER])
-        unsent = await store.unsent_outbox()
-        assert [(r.subject, r.msg_id, r.payload) for r in unsent] == expected
-        ids = [r.id for r in unsent]
-        assert ids == sorted(ids) and len(set(ids)) == len(ids)
-        assert await store.unsent_outbox(limit=2) == unsent[:2]
-
-        await store.mark_sent(ids[:3])
-        await store.mark_sent(ids[:3])  # idempotent
-        await store.mark_sent([])
-        assert await store.unsent_outbox() == unsent[3:]
-
-        assert await store.prune_outbox(keep_after_id=ids[-1]) == 3  # only sent rows go
-        assert await store.unsent_outbox() == unsent[3:]
-        await store.mark_sent(ids)
-        assert await store.unsent_outbox() == []
-        assert await store.prune_outbox(keep_after_id=ids[-1]) == len(ids) - 3
+        snap = await store.outbox_snapshot()
+        assert [(r.subject, r.msg_id, r.payload) for r in snap.rows] == expected
+        assert {r.input_seq for r in snap.rows} == {14}
+        assert (snap.applied_seq, snap.through_seq, snap.complete) == (14, 14, True)
+        assert raw_rows(db, "SELECT count(*) FROM outbox_batches") == [(1,)]  # one row a batch
 
         more = fold_batch(state, MESSAGES[14:20])
         assert await store.commit(state, more, applied_seq=20)
-        fresh = await store.unsent_outbox()
-    assert fresh and min(r.id for r in fresh) > ids[-1]  # ids are never reused
-    assert [(r.subject, r.msg_id, r.payload) for r in fresh] == outputs(more)
-    assert {input_seq for (input_seq,) in raw_rows(db, "SELECT input_seq FROM outbox")} == {20}
+        partial = await store.outbox_snapshot(limit=1)  # one batch of the two
+        assert (partial.through_seq, partial.complete) == (14, False)
+        assert await store.mark_published_through(partial.through_seq) == 1
+        assert await store.mark_published_through(partial.through_seq) == 0  # idempotent
+        rest = await store.outbox_snapshot()
+        assert [(r.subject, r.msg_id, r.payload) for r in rest.rows] == outputs(more)
+        assert (rest.through_seq, rest.complete) == (20, True)
+        assert await store.published_seq() == 14
+        await store.mark_published_through(rest.through_seq)
+        assert await store.unsent_outbox() == []
+        assert await store.published_seq() == 20
+        await store.mark_published_through(3)  # never backwards
+        assert await store.published_seq() == 20
+
+
+async def test_a_batch_at_or_below_the_published_position_writes_no_outbox(
+    tmp_path: Path,
+) -> None:
+    """A lagging replica folding what the leader already published sends nothing again."""
+    state, fx = folded(MESSAGES[:14])
+    async with await Store.open(tmp_path / "rc.db") as store:
+        await store.mark_published_through(20)
+        assert await store.commit(state, fx, applied_seq=14)
+        assert await store.unsent_outbox() == []
+        assert await store.applied_seq() == 14
 
 
 async def test_unsent_outbox_survives_a_restart(tmp_path: Path) -> None:
     db = tmp_path / "rc.db"
+    state = State()
     async with await Store.open(db) as store:
-        assert await store.commit(FULL_STATE, FULL_FX, applied_seq=N)
-        first = await store.unsent_outbox(limit=10)
-        await store.mark_sent([r.id for r in first])
+        for start in range(0, N, 10):
+            end = min(start + 10, N)
+            assert await store.commit(
+                state, fold_batch(state, MESSAGES[start:end]), applied_seq=end
+            )
+        first = await store.outbox_snapshot(limit=2)
+        await store.mark_published_through(first.through_seq)
     async with await Store.open(db) as store:
-        rest = await store.unsent_outbox(limit=100_000)
-    assert [(r.subject, r.msg_id, r.payload) for r in first + rest] == outputs(FULL_FX)
+        rest = await store.unsent_outbox()
+    assert [(r.subject, r.msg_id, r.payload) for r in first.rows + rest] == outputs(FULL_FX)
 
 
 # ============================================================================= journal
@@ -522,7 +521,12 @@ async def write_v1_database(db: Path, state: State, fx: Effects, applied_seq: in
         batch = encode_batch(state, fx, applied_seq=applied_seq)
         await conn.execute("BEGIN IMMEDIATE")
         for statement, params in batch.writes:
-            await conn.executemany(statement, params)
+            if "outbox" not in statement:
+                await conn.executemany(statement, params)
+        await conn.executemany(  # version 1 kept one outbox row per output
+            "INSERT INTO outbox (input_seq, subject, msg_id, payload) VALUES (?, ?, ?, ?)",
+            [(applied_seq, o.subject, o.msg_id, o.payload) for o in fx.outputs],
+        )
         await conn.execute("UPDATE position SET applied_seq = ?", (applied_seq,))
         await conn.execute("COMMIT")
 
@@ -670,12 +674,14 @@ async def test_unencodable_state_is_a_store_error_before_any_write(tmp_path: Pat
 async def test_concurrent_calls_do_not_interleave_transactions(tmp_path: Path) -> None:
     db = tmp_path / "rc.db"
     state = State()
+    published: list[tuple[str, str | None, bytes]] = []
     async with await Store.open(db) as store:
 
         async def publisher() -> None:
             for _ in range(30):
-                rows = await store.unsent_outbox(limit=5)
-                await store.mark_sent([r.id for r in rows])
+                snap = await store.outbox_snapshot(limit=1)
+                published.extend((r.subject, r.msg_id, r.payload) for r in snap.rows)
+                await store.mark_published_through(snap.through_seq)
                 await asyncio.sleep(0)
 
         async def consumer() -> None:
@@ -684,267 +690,41 @@ async def test_concurrent_calls_do_not_interleave_transactions(tmp_path: Path) -
                 fx = fold_batch(state, MESSAGES[start:end])
                 assert await store.commit(state, fx, applied_seq=end)
 
-        await asyncio.gather(publisher(), consumer(), publisher())
+        await asyncio.gather(publisher(), consumer())
         assert_same_state(await store.load_state(), FULL_STATE)
-    assert all_outbox(db) == outputs(FULL_FX)
+        rest = await store.unsent_outbox()
+    assert published + [(r.subject, r.msg_id, r.payload) for r in rest] == outputs(FULL_FX)
 
 
-async def test_a_cancelled_commit_leaves_nothing_half_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_cancelled_commit_is_all_or_nothing(tmp_path: Path) -> None:
+    """A commit is one call on the database thread: cancelling its caller at any point
+    leaves it either fully written or not written at all, never half."""
     db = tmp_path / "rc.db"
-    async with await Store.open(db) as store:
-        conn = store._conn
-        assert conn is not None
-        inside = asyncio.Event()
-
-        async def stalled(sql: str, params: Any) -> None:
-            inside.set()  # BEGIN IMMEDIATE and the position update have run
-            await asyncio.sleep(3600)
-
-        monkeypatch.setattr(conn, "executemany", stalled)
-        task = asyncio.create_task(store.commit(FULL_STATE, FULL_FX, applied_seq=N))
-        await inside.wait()
-        assert conn.in_transaction
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        monkeypatch.undo()
-        assert not conn.in_transaction
-        assert await store.applied_seq() == 0
-        assert await counts(db) == (0, 0, 0, 0, 0, 0)
-        assert await store.commit(FULL_STATE, FULL_FX, applied_seq=N)
-        assert_same_state(await store.load_state(), FULL_STATE)
-    assert all_outbox(db) == outputs(FULL_FX)
+    for delay in (0, 0.0005, 0.002, 0.01):
+        db.unlink(missing_ok=True)
+        async with await Store.open(db) as store:
+            task = asyncio.create_task(store.commit(FULL_STATE, FULL_FX, applied_seq=N))
+            await asyncio.sleep(delay)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            applied = await store.applied_seq()
+            assert applied in (0, N)
+            if applied == 0:
+                assert await counts(db) == (0, 0, 0, 0, 0, 0)
+                assert await store.commit(FULL_STATE, FULL_FX, applied_seq=N)
+            assert_same_state(await store.load_state(), FULL_STATE)
+        assert all_outbox(db) == outputs(FULL_FX)
 
 
-# =============================================================================== codec
+def test_packed_outputs_round_trip_in_order() -> None:
+    from reconciler.store.outbox import pack_outputs
 
-
-def test_every_entity_of_the_scenario_round_trips_exactly() -> None:
-    state = FULL_STATE
-    for cls, entities in (
-        (Host, state.hosts.values()),
-        (Pool, state.pools.values()),
-        (ResourceClass, state.classes.values()),
-        (GpuProfile, state.profiles.values()),
-        (GpuPolicy, state.policies.values()),
-        (Lease, state.leases.values()),
-    ):
-        for entity in entities:
-            back = decode(cls, encode(entity))
-            assert back == entity
-            assert type(back) is cls
-
-
-def test_policy_overrides_come_back_typed() -> None:
-    policy = FULL_STATE.policies["mig-on-a"]
-    back = decode(GpuPolicy, encode(policy))
-    assert back.overrides == (
-        ("mig_mode", MigMode.ENABLED),
-        ("compute_mode", ComputeMode.EXCLUSIVE_PROCESS),
-    )
-    assert [type(v) for _, v in back.overrides] == [MigMode, ComputeMode]
-    with pytest.raises(CodecError, match="sideways"):
-        decode(GpuPolicy, encode(policy).replace(b'"enabled"', b'"sideways"'))
-
-
-def test_rich_values_round_trip() -> None:
-    host = Host(
-        name=HostName("h"),
-        labels={"b": "2", "a": "1"},
-        gpus=(Gpu(0, "nvidia", "A100", 40960, "0000:01:00.0", 0),),
-        gpu_profile=None,
-        foreign_pci=frozenset({"0000:02:00.0", "0000:01:00.0"}),
-        foreign_gpus=frozenset({3, 1, 2}),
-        foreign_instances=("x", "y"),
-        capacity=Resources(16, 65536, 500),
-    )
-    pool = Pool(
-        name=PoolName("p"),
-        flavor=Resources(2, 4096, 20),
-        claims=(
-            ClaimSpec("g", ClassName("a100"), GpuRequest(2, vendor=None, min_memory_mib=1)),
-            ClaimSpec("h", ClassName("any")),
-        ),
-        warm=WarmPolicy(1, 3, True),
-        placement=Placement.SPREAD,
-        profiles=("default", "gpu"),
-    )
-    policy = GpuPolicy(
-        "p",
-        3,
-        PolicySelector(host_labels={"zone": "a"}, models=("A100",), indexes=(0, 2)),
-        (
-            ("mig_mode", MigMode.DISABLED),
-            ("compute_mode", ComputeMode.PROHIBITED),
-            ("persistence", True),
-            ("power_limit_w", None),
-            ("ecc", False),
-        ),
-        seq=9,
-    )
-    profile = GpuProfile("p", 4, GpuRuntime(MigMode.ENABLED, power_limit_w=250), seq=2)
-    for entity in (host, pool, policy, profile, PolicySelector(), ResourceClass(ClassName("c"))):
-        back = decode(type(entity), encode(entity))
-        assert back == entity
-    assert isinstance(decode(Host, encode(host)).foreign_gpus, frozenset)
-    assert decode(Host, encode(host)).labels == {"b": "2", "a": "1"}
-
-
-def test_decoding_is_strict_and_defaults_missing_fields() -> None:
-    assert decode(Resources, b'{"cpu": 3}') == Resources(cpu=3)
-    with pytest.raises(CodecError, match="unknown field 'gpu'"):
-        decode(Resources, b'{"cpu": 3, "gpu": 1}')
-    with pytest.raises(CodecError, match="unknown field 'colour'"):  # as many keys as fields
-        decode(Resources, b'{"cpu": 3, "memory_mib": 1, "colour": 2}')
-    with pytest.raises(CodecError, match="not JSON"):
-        decode(Resources, b"{")
-    with pytest.raises(CodecError):
-        decode(Lease, b"[]")
-    lease = FULL_STATE.leases[LeaseId("L13")]
-    with pytest.raises(CodecError, match="LeaseState"):
-        decode(Lease, encode(lease).replace(b'"deleting"', b'"vanished"'))
-
-
-def test_unsupported_type_hints_are_refused_when_the_converter_is_built() -> None:
-    @dataclasses.dataclass(frozen=True)
-    class Loose:
-        either: int | str
-
-    @dataclasses.dataclass(frozen=True)
-    class Unordered:
-        tags: set[str]
-
-    for cls in (Loose, Unordered):
-        with pytest.raises(TypeError, match=r"does not know|only"):
-            converter(cls)
-
-
-# hypothesis: values of every shape the model's hints allow (bounded as JSON ints are)
-_ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
-_text = st.text(max_size=6)
-_names = st.text(alphabet="abcxyz-0123", min_size=1, max_size=6)
-_resources = st.builds(Resources, _ints, _ints, _ints)
-_gpu = st.builds(Gpu, _ints, _text, _text, _ints, _text, _ints)
-_labels = st.dictionaries(_names, _text, max_size=3)
-_gpu_request = st.builds(GpuRequest, _ints, st.none() | _text, st.none() | _text, st.none() | _ints)
-_lease_ids = _names.map(LeaseId)
-
-
-@st.composite
-def _hosts(draw: st.DrawFn) -> Host:
-    return Host(
-        name=HostName(draw(_names)),
-        uid=draw(_text),
-        snapshot_revision=draw(_ints),
-        inventory_revision=draw(_ints),
-        snapshot_seq=draw(_ints),
-        inventory_seq=draw(_ints),
-        gpu_revision=draw(_ints),
-        schedulable=draw(st.booleans()),
-        labels=draw(_labels),
-        capacity=draw(_resources),
-        reserve=draw(_resources),
-        gpus=tuple(draw(st.lists(_gpu, max_size=3))),
-        gpu_profile=draw(st.none() | _text),
-        foreign_demand=draw(_resources),
-        foreign_pci=draw(st.frozensets(_text, max_size=3)),
-        foreign_gpus=draw(st.frozensets(_ints, max_size=3)),
-        foreign_instances=tuple(draw(st.lists(_text, max_size=3))),
-    )
-
-
-@st.composite
-def _leases(draw: st.DrawFn) -> Lease:
-    maybe_int = st.none() | _ints
-    return Lease(
-        lease_id=draw(_lease_ids),
-        instance=InstanceName(draw(_names)),
-        host=HostName(draw(_names)),
-        host_uid=draw(_text),
-        pool=PoolName(draw(_names)),
-        kind=draw(st.sampled_from(LeaseKind)),
-        state=draw(st.sampled_from(LeaseState)),
-        demand=draw(_resources),
-        gpus=tuple(draw(st.lists(_ints, max_size=3))),
-        project=draw(_text),
-        job=draw(st.none() | _names.map(JobId)),
-        request_id=draw(st.none() | _names.map(RequestId)),
-        admitted_seq=draw(_ints),
-        ready_seq=draw(_ints),
-        adopted=draw(st.booleans()),
-        suspect_revision=draw(maybe_int),
-        victim_of=draw(st.none() | _names.map(RequestId)),
-        gate_seq=draw(maybe_int),
-        awaiting_victims=tuple(draw(st.lists(_lease_ids, max_size=3))),
-        runtime_gpu_revision=draw(_ints),
-        runtime_profile=draw(st.none() | _text),
-        runtime_profile_revision=draw(_ints),
-    )
-
-
-_pools = st.builds(
-    Pool,
-    name=_names.map(PoolName),
-    flavor=_resources,
-    claims=st.lists(
-        st.builds(ClaimSpec, _text, _names.map(ClassName), st.none() | _gpu_request), max_size=2
-    ).map(tuple),
-    warm=st.builds(WarmPolicy, _ints, _ints, st.booleans()),
-    max_instances=_ints,
-    priority=_ints,
-    host_selector=_labels,
-    placement=st.sampled_from(Placement),
-    image=_text,
-    profiles=st.lists(_text, max_size=2).map(tuple),
-    project=_text,
-    seq=_ints,
-)
-_runtime = st.builds(
-    GpuRuntime,
-    st.sampled_from(MigMode),
-    st.sampled_from(ComputeMode),
-    st.booleans(),
-    st.none() | st.integers(1, 2**31),
-    st.booleans(),
-)
-_override_values: dict[str, st.SearchStrategy[object]] = {
-    "mig_mode": st.sampled_from(MigMode),
-    "compute_mode": st.sampled_from(ComputeMode),
-    "persistence": st.booleans(),
-    "power_limit_w": st.none() | st.integers(1, 2**31),
-    "ecc": st.booleans(),
-}
-
-
-@st.composite
-def _policies(draw: st.DrawFn) -> GpuPolicy:
-    keys = draw(st.lists(st.sampled_from(list(_override_values)), unique=True))
-    order = list(_override_values)
-    overrides = tuple((k, draw(_override_values[k])) for k in sorted(keys, key=order.index))
-    selector = PolicySelector(
-        host_labels=draw(st.none() | _labels),
-        models=draw(st.none() | st.lists(_text, max_size=2).map(tuple)),
-        indexes=draw(st.none() | st.lists(_ints, max_size=2).map(tuple)),
-    )
-    return GpuPolicy(draw(_text), draw(_ints), selector, overrides, draw(_ints))
-
-
-_entities = st.one_of(
-    _hosts(),
-    _leases(),
-    _pools,
-    _policies(),
-    st.builds(GpuProfile, _text, _ints, _runtime, _ints),
-    st.builds(ResourceClass, _names.map(ClassName), st.none() | _gpu_request, _labels, _ints),
-)
-
-
-@settings(max_examples=300, deadline=None)
-@given(entity=_entities)
-def test_any_entity_round_trips_exactly(entity: Any) -> None:
-    data = encode(entity)
-    back = decode(type(entity), data)
-    assert back == entity
-    assert encode(back) == data
+    outputs = [
+        ("out.decision.r1", "decision:r1:final", b'{"a":1}'),
+        ("out.status.host.h1", None, b"{}"),
+        ("out.exec.h\\u00e9.create", "create:L1", b""),
+        ("out.dlq.decode", "dlq:7", bytes(range(256)) * 300),
+    ]
+    assert unpack_outputs(pack_outputs(outputs)) == outputs
+    assert unpack_outputs(pack_outputs([])) == []

@@ -41,7 +41,7 @@ class OutboxPublisher:
         store: Store,
         js: JetStreamContext,
         prefix: str,
-        rows_per_round: int = 2000,
+        batches_per_round: int = 50,
         publish_timeout_s: float = 10.0,
         idle_s: float = 1.0,
         max_backoff_s: float = 5.0,
@@ -49,7 +49,7 @@ class OutboxPublisher:
         self.store = store
         self.js = js
         self.prefix = prefix
-        self.rows_per_round = rows_per_round
+        self.batches_per_round = batches_per_round
         self.publish_timeout_s = publish_timeout_s
         self.idle_s = idle_s
         self.max_backoff_s = max_backoff_s
@@ -96,17 +96,15 @@ class OutboxPublisher:
     async def _drain(self, leadership: Leadership) -> int:
         sent = 0
         while True:
-            snap = await self.store.outbox_snapshot(self.rows_per_round)
+            snap = await self.store.outbox_snapshot(self.batches_per_round)
             if snap.rows:
                 await publish_outputs(
                     self.js, snap.rows, prefix=self.prefix, timeout_s=self.publish_timeout_s
                 )
                 sent += len(snap.rows)
                 self.published += len(snap.rows)
-            if not snap.complete:
-                await self.store.mark_sent([row.id for row in snap.rows])
-                continue
-            if snap.rows or snap.applied_seq > leadership.published_seq:
-                await self.store.mark_published_through(snap.applied_seq)
-                leadership.published_seq = max(leadership.published_seq, snap.applied_seq)
-            return sent
+            if snap.rows or snap.through_seq > leadership.published_seq:
+                await self.store.mark_published_through(snap.through_seq)
+                leadership.published_seq = max(leadership.published_seq, snap.through_seq)
+            if snap.complete:
+                return sent

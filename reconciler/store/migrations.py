@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import aiosqlite
 
 from reconciler.store.errors import SchemaTooNew
+from reconciler.store.outbox import pack_outputs
 
 Step = str | Callable[[aiosqlite.Connection], Awaitable[None]]
 
@@ -102,10 +103,40 @@ _V3 = (
     "CREATE INDEX outbox_input ON outbox (input_seq)",
 )
 
+
+async def _outbox_by_batch(conn: aiosqlite.Connection) -> None:
+    """Move the unsent rows of the per-output outbox into one row per batch."""
+    await conn.execute(
+        "CREATE TABLE outbox_batches (input_seq INTEGER PRIMARY KEY, outputs BLOB NOT NULL)"
+    )
+    rows = await conn.execute_fetchall(
+        "SELECT input_seq, subject, msg_id, payload FROM outbox WHERE sent = 0 ORDER BY id"
+    )
+    batches: dict[int, list[tuple[str, str | None, bytes]]] = {}
+    for input_seq, subject, msg_id, payload in rows:
+        batches.setdefault(int(input_seq), []).append((subject, msg_id, bytes(payload)))
+    await conn.executemany(
+        "INSERT INTO outbox_batches (input_seq, outputs) VALUES (?, ?)",
+        [(seq, pack_outputs(outputs)) for seq, outputs in sorted(batches.items())],
+    )
+    await conn.execute("DROP TABLE outbox")
+
+
+_V4 = (
+    # one outbox row per batch (its outputs packed), not one per output: a batch of 500
+    # admissions wrote, re-read and deleted 500 rows and their two indexes
+    _outbox_by_batch,
+    # leases are looked up by instance and job (audit); host, pool and state are in memory
+    "DROP INDEX leases_host",
+    "DROP INDEX leases_pool",
+    "DROP INDEX leases_state",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "entities, journal, outbox, position", _V1),
     Migration(2, "audit indexes; append-only journal triggers", _V2),
     Migration(3, "published position of the outbox", _V3),
+    Migration(4, "outbox by batch; fewer lease indexes", _V4),
 )
 
 #: the schema version this code writes

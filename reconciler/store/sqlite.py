@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,10 +44,11 @@ from reconciler.core.model import (
 )
 from reconciler.core.state import DecisionRecord, Effects, Output, State
 from reconciler.store.codec import CodecError, decode, encode
-from reconciler.store.database import Database
+from reconciler.store.database import Database, check_worker_api
 from reconciler.store.errors import StoreError
 from reconciler.store.migrations import migrate
 from reconciler.store.migrations import schema_version as read_schema_version
+from reconciler.store.outbox import pack_outputs, unpack_outputs
 
 #: (State/Effects attribute, table, entity class) of the entities keyed by name
 _NAMED: tuple[tuple[str, str, type[Any]], ...] = (
@@ -86,21 +87,18 @@ _CLEAR_JOBS = "DELETE FROM jobs"
 _INSERT_JOURNAL = (
     "INSERT INTO journal (input_seq, lease_id, event, from_state, to_state) VALUES (?, ?, ?, ?, ?)"
 )
-_INSERT_OUTBOX = "INSERT INTO outbox (input_seq, subject, msg_id, payload) VALUES (?, ?, ?, ?)"
+_INSERT_OUTBOX = "INSERT INTO outbox_batches (input_seq, outputs) VALUES (?, ?)"
 #: moves the position forward, or matches no row when the batch is not ahead of it
 _ADVANCE = "UPDATE position SET applied_seq = ? WHERE id = 1 AND applied_seq < ?"
 _DECISION_COLUMNS = "request_id, verb, phase, msg_id, payload, lease_id"
 
 
-class _NotAhead(Exception):
-    """The batch is at or below the stored position: roll back, write nothing."""
-
-
 @dataclass(frozen=True, slots=True)
 class OutboxRow:
-    """One output waiting to be published (``msg_id`` is its ``Nats-Msg-Id``)."""
+    """One output waiting to be published (``msg_id`` is its ``Nats-Msg-Id``), and the
+    batch (its last input sequence) it belongs to."""
 
-    id: int
+    input_seq: int
     subject: str
     msg_id: str | None
     payload: bytes
@@ -110,12 +108,14 @@ class OutboxRow:
 class OutboxSnapshot:
     """Unpublished outputs read in one transaction with the position they belong to.
 
-    When ``complete`` (fewer rows than asked for), ``rows`` are every unpublished output
-    of every batch up to ``applied_seq``: once they are on the bus,
-    :meth:`Store.mark_published_through` ``(applied_seq)`` is exact.
+    ``rows`` are every unpublished output of every batch up to ``through_seq``, in
+    order: once they are on the bus, :meth:`Store.mark_published_through`
+    ``(through_seq)`` is exact. When ``complete``, ``through_seq`` is the applied
+    position (nothing else is unpublished); otherwise more batches wait.
     """
 
     applied_seq: int
+    through_seq: int
     rows: list[OutboxRow]
     complete: bool
 
@@ -222,10 +222,9 @@ def encode_batch(
         _INSERT_JOURNAL,
         [(t.input_seq, t.lease_id, t.event, t.from_state, t.to_state) for t in fx.transitions],
     )
-    add(
-        _INSERT_OUTBOX,
-        [(applied_seq, o.subject, o.msg_id, o.payload) for o in (*fx.outputs, *extra_outputs)],
-    )
+    outputs = [(o.subject, o.msg_id, o.payload) for o in (*fx.outputs, *extra_outputs)]
+    if outputs:
+        add(_INSERT_OUTBOX, [(applied_seq, pack_outputs(outputs))])
     return Batch(applied_seq=applied_seq, writes=tuple(writes))
 
 
@@ -263,6 +262,7 @@ class Store(Database):
             await _worker_stopped(connecting)
             raise StoreError(f"cannot open store {path}: {exc}") from exc
         try:
+            check_worker_api(conn)
             await cls._configure(conn, path)
             await migrate(conn, where=f"store {path}")
         except BaseException as exc:
@@ -295,21 +295,6 @@ class Store(Database):
         await conn.execute("PRAGMA cache_size = -8192")
         await conn.execute("PRAGMA wal_autocheckpoint = 4000")
 
-    @asynccontextmanager
-    async def _transaction(self, what: str) -> AsyncIterator[aiosqlite.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction: committed on exit, rolled back on error."""
-        async with self.using(what) as conn:
-            if conn.in_transaction:  # left open by a failed COMMIT or ROLLBACK: discard it
-                await conn.execute("ROLLBACK")
-            await conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-                await conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    await conn.execute("ROLLBACK")
-                raise
-
     # ------------------------------------------------------------------ writes
 
     async def commit(
@@ -323,9 +308,9 @@ class Store(Database):
         """Write one folded batch atomically, with the position ``applied_seq``.
 
         ``extra_outputs`` (dead letters built by the bus) go to the outbox after the
-        fold's outputs; every outbox row of the batch records ``applied_seq`` as its
-        ``input_seq``. ``False``, and nothing written, when ``applied_seq`` is at or
-        below the stored position (a redelivered batch).
+        fold's outputs; the batch's outbox row records ``applied_seq``. ``False``, and
+        nothing written, when ``applied_seq`` is at or below the stored position (a
+        redelivered batch).
         """
         batch = encode_batch(state, fx, applied_seq=applied_seq, extra_outputs=extra_outputs)
         return await self.write(batch)
@@ -334,63 +319,33 @@ class Store(Database):
         """Write an encoded batch in one transaction; see :meth:`commit`.
 
         For pipelining: ``batch = encode_batch(...)`` right after folding, then fold the
-        next batch while ``write(batch)`` runs on the database thread.
+        next batch while ``write(batch)`` runs on the database thread, in one hop.
 
         A batch at or below the published position (see :meth:`mark_published_through`)
-        writes no outbox rows: its outputs are already on the bus, and publishing them
+        writes no outbox row: its outputs are already on the bus, and publishing them
         again after the bus's duplicate window would double them.
         """
-        seq = batch.applied_seq
-        try:
-            async with self._transaction(f"commit up to seq {seq}") as conn:
-                async with conn.execute(_ADVANCE, (seq, seq)) as cur:
-                    if cur.rowcount != 1:
-                        raise _NotAhead
-                published: int | None = None
-                for statement, params in batch.writes:
-                    if statement == _INSERT_OUTBOX:
-                        if published is None:
-                            published = await self._published_seq(conn)
-                        if seq <= published:
-                            continue
-                    await conn.executemany(statement, params)
-        except _NotAhead:
-            return False
-        return True
-
-    async def mark_sent(self, ids: Sequence[int]) -> None:
-        """Record outbox rows as published (idempotent)."""
-        if not ids:
-            return
-        async with self._transaction("mark outbox sent") as conn:
-            await conn.executemany("UPDATE outbox SET sent = 1 WHERE id = ?", [(i,) for i in ids])
+        return await self.call(
+            lambda conn: _write(conn, batch), f"commit up to seq {batch.applied_seq}"
+        )
 
     async def mark_published_through(self, input_seq: int) -> int:
         """Record that every output of every input up to ``input_seq`` is on the bus.
 
-        The published position only moves forward; the outbox rows at or below it are
-        deleted (sent or not: the bus has them), and later batches at or below it write
-        none. How many rows went.
+        The published position only moves forward; the outbox rows (batches) at or below
+        it are deleted, and later batches at or below it write none. How many went.
         """
-        async with self._transaction("mark outbox published") as conn:
-            await conn.execute(
-                "UPDATE position SET published_seq = ? WHERE id = 1 AND published_seq < ?",
-                (input_seq, input_seq),
-            )
-            async with conn.execute("DELETE FROM outbox WHERE input_seq <= ?", (input_seq,)) as cur:
+
+        def mark(conn: sqlite3.Connection) -> int:
+            with _transaction(conn):
+                conn.execute(
+                    "UPDATE position SET published_seq = ? WHERE id = 1 AND published_seq < ?",
+                    (input_seq, input_seq),
+                )
+                cur = conn.execute("DELETE FROM outbox_batches WHERE input_seq <= ?", (input_seq,))
                 return max(cur.rowcount, 0)
 
-    async def prune_outbox(self, keep_after_id: int) -> int:
-        """Delete published outbox rows with ``id <= keep_after_id``; how many went.
-
-        Unsent rows are never pruned. Ids are ``AUTOINCREMENT``: never reused.
-        """
-        sql = "DELETE FROM outbox WHERE sent = 1 AND id <= ?"
-        async with (
-            self._transaction("prune outbox") as conn,
-            conn.execute(sql, (keep_after_id,)) as cur,
-        ):
-            return max(cur.rowcount, 0)
+        return await self.call(mark, "mark outbox published")
 
     # ------------------------------------------------------------------- reads
 
@@ -451,32 +406,33 @@ class Store(Database):
         state.reindex()
         return state
 
-    async def unsent_outbox(self, limit: int = 1000) -> list[OutboxRow]:
-        """Up to ``limit`` unpublished outputs, oldest first."""
-        async with self.using("read outbox") as conn:
-            rows = await conn.execute_fetchall(
-                "SELECT id, subject, msg_id, payload FROM outbox WHERE sent = 0 "
-                "ORDER BY id LIMIT ?",
-                (limit,),
-            )
-        return [OutboxRow(int(i), subject, msg_id, bytes(p)) for i, subject, msg_id, p in rows]
+    async def unsent_outbox(self, limit: int = 100_000) -> list[OutboxRow]:
+        """Unpublished outputs, oldest first, of at most ``limit`` batches."""
+        return (await self.outbox_snapshot(limit)).rows
 
-    async def outbox_snapshot(self, limit: int = 1000) -> OutboxSnapshot:
-        """Up to ``limit`` unpublished outputs, oldest first, with the position, read
-        consistently (see :class:`OutboxSnapshot`)."""
-        async with self.using("read outbox") as conn:
-            await conn.execute("BEGIN")
-            try:
-                applied = await self._applied_seq(conn)
-                rows = await conn.execute_fetchall(
-                    "SELECT id, subject, msg_id, payload FROM outbox WHERE sent = 0 "
-                    "ORDER BY id LIMIT ?",
+    async def outbox_snapshot(self, limit: int = 200) -> OutboxSnapshot:
+        """The unpublished outputs of up to ``limit`` batches, oldest first, with the
+        position, read consistently in one hop (see :class:`OutboxSnapshot`)."""
+
+        def read(conn: sqlite3.Connection) -> OutboxSnapshot:
+            with _transaction(conn, mode="DEFERRED"):
+                applied = _scalar(conn, "SELECT applied_seq FROM position WHERE id = 1")
+                batches = conn.execute(
+                    "SELECT input_seq, outputs FROM outbox_batches ORDER BY input_seq LIMIT ?",
                     (limit,),
-                )
-            finally:
-                await conn.execute("COMMIT")
-        found = [OutboxRow(int(i), subject, msg_id, bytes(p)) for i, subject, msg_id, p in rows]
-        return OutboxSnapshot(applied_seq=applied, rows=found, complete=len(found) < limit)
+                ).fetchall()
+            rows = [
+                OutboxRow(int(seq), subject, msg_id, payload)
+                for seq, blob in batches
+                for subject, msg_id, payload in unpack_outputs(bytes(blob))
+            ]
+            complete = len(batches) < limit
+            through = applied if complete else int(batches[-1][0])
+            return OutboxSnapshot(
+                applied_seq=applied, through_seq=through, rows=rows, complete=complete
+            )
+
+        return await self.call(read, "read outbox")
 
     async def lease_history(self, lease_id: str) -> list[dict[str, Any]]:
         """The journal of one lease, in order: ``input_seq, event, from_state, to_state``."""
@@ -530,6 +486,45 @@ class Store(Database):
                 (key,),
             )
         return [_decision(row) for row in rows]
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection, *, mode: str = "IMMEDIATE") -> Iterator[None]:
+    """One transaction on the database thread: committed on exit, rolled back on error."""
+    if conn.in_transaction:  # left open by a failed COMMIT or ROLLBACK: discard it
+        conn.execute("ROLLBACK")
+    conn.execute(f"BEGIN {mode}")
+    try:
+        yield
+        if conn.in_transaction:  # the body may have rolled back on purpose
+            conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _scalar(conn: sqlite3.Connection, sql: str) -> int:
+    row = conn.execute(sql).fetchone()
+    if row is None:
+        raise StoreError("the position row is missing")
+    return int(row[0])
+
+
+def _write(conn: sqlite3.Connection, batch: Batch) -> bool:
+    """The transaction of :meth:`Store.write`, on the database thread."""
+    seq = batch.applied_seq
+    with _transaction(conn):
+        if conn.execute(_ADVANCE, (seq, seq)).rowcount != 1:
+            conn.execute("ROLLBACK")  # not ahead of the position: write nothing
+            return False
+        for statement, params in batch.writes:
+            if statement == _INSERT_OUTBOX:
+                published = _scalar(conn, "SELECT published_seq FROM position WHERE id = 1")
+                if seq <= published:
+                    continue
+            conn.executemany(statement, params)
+    return True
 
 
 async def _worker_stopped(conn: aiosqlite.Connection) -> None:
