@@ -291,7 +291,7 @@ class Replica:
             return
         with anyio.move_on_after(within_s):
             try:
-                await publisher.drain(leading)
+                await publisher.flush(leading)
             except Exception as exc:
                 self._log.warning("leader.final_publish_failed", error=repr(exc))
 
