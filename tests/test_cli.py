@@ -68,7 +68,9 @@ class RunningProcess:
 def served(nats_url: str, tmp_path: Path) -> Iterator[tuple[str, Path, RunningProcess]]:
     """A ``reconciler run`` process that decided a few commands, with metrics on."""
     db = tmp_path / "rc.db"
-    process = RunningProcess(nats_url, db, tmp_path / "run.log", "--metrics-addr", "127.0.0.1:0")
+    process = RunningProcess(
+        nats_url, db, tmp_path / "run.log", "--metrics-addr", "127.0.0.1:0", "--log-level", "debug"
+    )
 
     async def drive(bus: BusClient) -> None:
         await bus.wait_caught_up(within_s=20)

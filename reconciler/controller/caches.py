@@ -25,6 +25,7 @@ Rules (DESIGN.md, principles 3 and 7):
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -49,6 +50,8 @@ logger = structlog.get_logger(__name__)
 
 #: folded batches that may wait for the writer
 PIPELINE_DEPTH = 2
+#: decision outcomes logged at debug (the others, at info)
+_ROUTINE = frozenset({"admitted", "claimed", "ok", "authorized"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,18 +296,25 @@ class Caches:
                 self.dead_letters[subject[8:]] += 1
 
     def _explain(self, folded: FoldedBatch) -> None:
-        """Log every decision of a committed batch with its reason, and every dead letter."""
+        """Log the committed batch's decisions with their reasons, its dead letters and
+        its executor commands. Refusals, pending admissions and errors are ``info``, the
+        routine ones (admitted, claimed, ok, authorized) ``debug``: at a thousand
+        decisions a second, the line per admission costs more than the admission."""
         log = self._log
+        routine = log.is_enabled_for(logging.DEBUG)
         for out in folded.fx.outputs:
             if out.subject.startswith("out.decision."):
                 body = orjson.loads(out.payload)
+                outcome = body["outcome"]
+                if outcome in _ROUTINE and not routine:
+                    continue
                 lease = body.get("lease") or {}
-                log.info(
+                (log.debug if outcome in _ROUTINE else log.info)(
                     "decision",
                     request_id=body["request_id"],
                     verb=body["verb"],
                     phase=body["phase"],
-                    outcome=body["outcome"],
+                    outcome=outcome,
                     reason=body.get("reason"),
                     detail=body.get("detail"),
                     instance=lease.get("instance"),
@@ -331,5 +341,7 @@ class Caches:
                     instance=body["instance"],
                     reason=body.get("reason"),
                 )
+        if not routine:
+            return
         for seq, note in folded.fx.notes:
             log.debug("fold.note", input_seq=seq, note=note)
