@@ -23,22 +23,29 @@ Rules:
   and in every replay.
 - Acks and terms are plain publishes to the ack subject; they are sent only after the
   caller committed what the messages caused.
+- The pull loop is the consumer's own, not nats-py's ``fetch`` (which awaits each message
+  through a fresh ``wait_for`` task): one pull request of ``batch`` messages at a time,
+  expiring after ``fetch_timeout_s``, whose deliveries a subscription callback buffers;
+  :meth:`InputConsumer.fetch` hands out what is buffered as soon as anything is. A
+  status reply (404, 408, 409) ends the request, and the next fetch sends another.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
 
 import anyio
+import orjson
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
-from nats.js.errors import FetchTimeoutError, NotFoundError
+from nats.js.errors import NotFoundError
 
 __all__ = [
     "Delivery",
@@ -51,6 +58,9 @@ logger = structlog.get_logger(__name__)
 
 _ACK = b"+ACK"
 _TERM = b"+TERM"
+#: status codes that end a pull request: no messages, expired, refused (409: max waiting,
+#: consumer deleted, leadership change); 100 (heartbeats) does not
+_REQUEST_OVER = frozenset({"404", "408", "409"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +130,13 @@ class InputConsumer:
         self.fetch_timeout_s = fetch_timeout_s
         self.ack_wait_s = ack_wait_s
         self.watchdog_grace_s = watchdog_grace_s
-        self._sub: JetStreamContext.PullSubscription | None = None
+        self._sub: Subscription | None = None
+        #: messages delivered and not yet handed out, and how many the request still owes
+        self._buffer: deque[Msg] = deque()
+        self._owed = 0
+        self._arrived = anyio.Event()
+        self._inbox = ""
+        self._pull = ""
         self._next_seq = 1
         self._reconnects_seen = 0
         #: why the consumer must be restarted before the next fetch, if it must
@@ -153,11 +169,13 @@ class InputConsumer:
             replay_policy=api.ReplayPolicy.INSTANT,
         )
         await self._js.add_consumer(self.stream, config=config)
-        self._sub = await self._js.pull_subscribe_bind(
-            durable=self.durable,
-            stream=self.stream,
-            pending_msgs_limit=max(8 * self.batch, 4096),
+        self._buffer.clear()
+        self._owed = 0
+        self._inbox = self._nc.new_inbox()
+        self._sub = await self._nc.subscribe(
+            self._inbox, cb=self._on_message, pending_msgs_limit=max(8 * self.batch, 4096)
         )
+        self._pull = f"{api.DEFAULT_PREFIX}.CONSUMER.MSG.NEXT.{self.stream}.{self.durable}"
         self._broken = None
         self._next_seq = from_seq
         self._reconnects_seen = self._nc.stats["reconnects"]
@@ -180,27 +198,47 @@ class InputConsumer:
         needs_restart = self._broken is not None or self._sub is None
         if needs_restart and not await self._restart(self._broken or "not started"):
             return []
-        sub = self._sub
-        assert sub is not None
-        with anyio.move_on_after(self.fetch_timeout_s + self.watchdog_grace_s) as watchdog:
+        if not self._buffer:
             try:
-                msgs = await sub.fetch(self.batch, timeout=self.fetch_timeout_s)
-            except (TimeoutError, NatsTimeoutError, FetchTimeoutError):
-                return []
-            except Exception as exc:  # connection closed or draining, a JetStream error
+                await self._await_messages()
+            except Exception as exc:  # connection closed or draining
                 self._log.warning("consumer.fetch_failed", error=repr(exc), at_seq=self._next_seq)
                 self._broken = f"fetch failed: {exc!r}"
                 await anyio.sleep(self.fetch_timeout_s)
                 return []
-        if watchdog.cancelled_caught:
-            self._broken = "fetch stalled"
-            return []
+        msgs = [self._buffer.popleft() for _ in range(min(self.batch, len(self._buffer)))]
         try:
             return await self._in_order(msgs)
         except Exception as exc:  # the gap check could not ask the stream
             self._log.warning("consumer.order_check_failed", error=repr(exc))
             self._broken = "order check failed"
             return []
+
+    async def _await_messages(self) -> None:
+        """Wait until messages are buffered, or the pull request ended (expired), or the
+        watchdog gave up on a request the server seems to have lost."""
+        if self._owed <= 0:
+            request = {"batch": self.batch, "expires": int(self.fetch_timeout_s * 1e9)}
+            self._owed = self.batch
+            await self._nc.publish(self._pull, orjson.dumps(request), reply=self._inbox)
+        self._arrived = anyio.Event()
+        with anyio.move_on_after(self.fetch_timeout_s + self.watchdog_grace_s) as watchdog:
+            await self._arrived.wait()
+        if watchdog.cancelled_caught:
+            self._broken = "fetch stalled"
+
+    async def _on_message(self, msg: Msg) -> None:
+        """The deliver subject's callback: buffer messages; a status ends the request."""
+        status = msg.headers.get("Status") if msg.headers else None
+        if status is None:
+            self._buffer.append(msg)
+            self._owed -= 1
+        elif status in _REQUEST_OVER:
+            if status == "409":
+                description = msg.headers.get("Description") if msg.headers else None
+                self._log.info("consumer.pull_ended", status=status, description=description)
+            self._owed = 0
+        self._arrived.set()
 
     async def _restart(self, why: str) -> bool:
         self._log.info("consumer.restart", why=why, at_seq=self._next_seq)
