@@ -6,26 +6,32 @@ Rules:
   ``<prefix>.<subject>``. An output with a ``msg_id`` carries it as ``Nats-Msg-Id``, so
   publishing it again inside the stream's duplicate window stores nothing new: that is
   what makes "publish, crash, publish again" exactly once.
-- :func:`publish_outputs` sends a whole batch before waiting for any acknowledgement
-  (JetStream's async publish), then waits for every one, all within ``timeout_s``. It
-  returns only when the stream stored (or deduplicated) every output; on anything else
-  it raises :class:`PublishError` and the caller publishes the batch again later.
-- A JetStream API error answers the publish with an error, which nats-py's async publish
-  does not always surface: the overall timeout is what bounds a batch, never an await
-  without one. Publishes with conditional headers (expected sequences) are not made
-  here; the leader bucket uses awaited publishes for those.
+- :meth:`OutputPublisher.publish` sends a whole batch before waiting for any
+  acknowledgement, then waits for every one, all within ``timeout_s``. It returns only
+  when the stream stored (or deduplicated) every output; on anything else (an error
+  answer, no stream, a timeout) it raises :class:`PublishError` and the caller publishes
+  the batch again later.
+- The publisher is lean on purpose, and its own rather than nats-py's async publish
+  (which creates a ``wait_for`` task and a random token per message, and turns each
+  answer into a dataclass): one reply subscription per publisher, replies numbered by a
+  counter, answers parsed with orjson. Publishes with conditional headers (expected
+  sequences) are not made here; the leader bucket uses awaited publishes for those.
 """
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import anyio
-from nats.js import JetStreamContext, api
+import orjson
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
-__all__ = ["PublishError", "Publishable", "publish_outputs"]
+__all__ = ["Ack", "OutputPublisher", "PublishError", "Publishable", "publish_outputs"]
 
 MSG_ID = "Nats-Msg-Id"
 
@@ -47,36 +53,123 @@ class Publishable(Protocol):
     def payload(self) -> bytes: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """The stream's answer to one publish."""
+
+    stream: str
+    seq: int
+    duplicate: bool
+
+
+class _Round:
+    """The answers one :meth:`OutputPublisher.publish` call waits for."""
+
+    __slots__ = ("acks", "done", "error", "waiting")
+
+    def __init__(self, count: int) -> None:
+        self.acks: list[Ack | None] = [None] * count
+        self.waiting = count
+        self.error: str | None = None
+        self.done = anyio.Event()
+
+
+class OutputPublisher:
+    """Publishes outputs on one NATS connection; see the module's rules."""
+
+    def __init__(self, nc: Client, *, prefix: str) -> None:
+        self.nc = nc
+        self.prefix = prefix
+        self._inbox = ""
+        self._sub: Subscription | None = None
+        self._numbers = itertools.count()
+        #: reply token -> (round, index in the round)
+        self._pending: dict[str, tuple[_Round, int]] = {}
+
+    async def publish(
+        self, outputs: Sequence[Publishable], *, timeout_s: float = 10.0
+    ) -> list[Ack]:
+        """Publish ``outputs`` in order and wait until the stream confirmed each of them."""
+        if not outputs:
+            return []
+        if self._sub is None:
+            self._inbox = self.nc.new_inbox()
+            self._sub = await self.nc.subscribe(f"{self._inbox}.*", cb=self._on_answer)
+        round_ = _Round(len(outputs))
+        tokens: list[str] = []
+        try:
+            with anyio.fail_after(timeout_s):
+                for index, out in enumerate(outputs):
+                    token = str(next(self._numbers))
+                    tokens.append(token)
+                    self._pending[token] = (round_, index)
+                    headers = {MSG_ID: out.msg_id} if out.msg_id is not None else None
+                    await self.nc.publish(
+                        f"{self.prefix}.{out.subject}",
+                        out.payload,
+                        reply=f"{self._inbox}.{token}",
+                        headers=headers,
+                    )
+                await round_.done.wait()
+        except TimeoutError as exc:
+            raise PublishError(
+                f"{round_.waiting} of {len(outputs)} outputs not confirmed within {timeout_s} s"
+            ) from exc
+        except PublishError:
+            raise
+        except Exception as exc:
+            raise PublishError(f"publishing {len(outputs)} outputs failed: {exc!r}") from exc
+        finally:
+            for token in tokens:
+                self._pending.pop(token, None)
+        if round_.error is not None:
+            raise PublishError(round_.error)
+        return [ack for ack in round_.acks if ack is not None]
+
+    async def _on_answer(self, msg: Msg) -> None:
+        found = self._pending.pop(msg.subject[len(self._inbox) + 1 :], None)
+        if found is None:
+            return  # a late answer to a round that gave up
+        round_, index = found
+        status = msg.headers.get("Status") if msg.headers else None
+        if status is not None:  # 503: no stream captures the subject
+            round_.error = round_.error or f"no stream answered ({status})"
+        else:
+            try:
+                answer = orjson.loads(msg.data)
+                if "error" in answer:
+                    round_.error = round_.error or f"the stream refused: {answer['error']}"
+                else:
+                    round_.acks[index] = Ack(
+                        stream=str(answer["stream"]),
+                        seq=int(answer["seq"]),
+                        duplicate=bool(answer.get("duplicate", False)),
+                    )
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                round_.error = round_.error or f"unreadable answer {msg.data[:200]!r}: {exc}"
+        round_.waiting -= 1
+        if round_.waiting == 0 or round_.error is not None:
+            round_.done.set()
+
+    async def close(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None and not self.nc.is_closed:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # a dead connection: nothing to undo
+                return
+
+
 async def publish_outputs(
-    js: JetStreamContext,
+    nc: Client,
     outputs: Sequence[Publishable],
     *,
     prefix: str,
     timeout_s: float = 10.0,
-) -> list[api.PubAck]:
-    """Publish ``outputs`` in order and wait until the stream confirmed each of them."""
-    if not outputs:
-        return []
-    pending: list[asyncio.Future[api.PubAck]] = []
+) -> list[Ack]:
+    """Publish ``outputs`` once with a publisher of their own (tools and tests)."""
+    publisher = OutputPublisher(nc, prefix=prefix)
     try:
-        with anyio.fail_after(timeout_s):
-            for out in outputs:
-                headers = {MSG_ID: out.msg_id} if out.msg_id is not None else None
-                pending.append(
-                    await js.publish_async(f"{prefix}.{out.subject}", out.payload, headers=headers)
-                )
-            return [await future for future in pending]
-    except TimeoutError as exc:
-        confirmed = sum(1 for f in pending if f.done() and not f.cancelled())
-        raise PublishError(
-            f"{len(outputs) - confirmed} of {len(outputs)} outputs not confirmed "
-            f"within {timeout_s} s"
-        ) from exc
-    except Exception as exc:
-        raise PublishError(f"publishing {len(outputs)} outputs failed: {exc!r}") from exc
+        return await publisher.publish(outputs, timeout_s=timeout_s)
     finally:
-        for future in pending:
-            if not future.done():
-                future.cancel()  # releases nats-py's pending-publish slot
-            elif not future.cancelled():
-                future.exception()  # retrieved: reported above, not again by asyncio
+        await publisher.close()

@@ -27,9 +27,9 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 import structlog
-from nats.js import JetStreamContext
+from nats.aio.client import Client
 
-from reconciler.bus.publisher import PublishError, publish_outputs
+from reconciler.bus.publisher import OutputPublisher, PublishError
 from reconciler.controller.caches import Commit
 from reconciler.controller.leader import Leadership
 from reconciler.core.state import Output
@@ -47,7 +47,7 @@ class OutboxPublisher:
         self,
         *,
         store: Store,
-        js: JetStreamContext,
+        nc: Client,
         prefix: str,
         batches_per_round: int = 50,
         publish_timeout_s: float = 10.0,
@@ -57,8 +57,8 @@ class OutboxPublisher:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
-        self.js = js
         self.prefix = prefix
+        self._out = OutputPublisher(nc, prefix=prefix)
         self.batches_per_round = batches_per_round
         self.publish_timeout_s = publish_timeout_s
         self.record_every_s = record_every_s
@@ -126,9 +126,7 @@ class OutboxPublisher:
                 batches = list(self._queue)
                 outputs = [out for seq, outs in batches if seq > leadership.published_seq
                            for out in outs]  # fmt: skip
-                await publish_outputs(
-                    self.js, outputs, prefix=self.prefix, timeout_s=self.publish_timeout_s
-                )
+                await self._out.publish(outputs, timeout_s=self.publish_timeout_s)
                 for _ in batches:
                     self._queue.popleft()
                 self.published += len(outputs)
@@ -156,9 +154,7 @@ class OutboxPublisher:
             while True:
                 snap = await self.store.outbox_snapshot(self.batches_per_round)
                 if snap.rows:
-                    await publish_outputs(
-                        self.js, snap.rows, prefix=self.prefix, timeout_s=self.publish_timeout_s
-                    )
+                    await self._out.publish(snap.rows, timeout_s=self.publish_timeout_s)
                     sent += len(snap.rows)
                     self.published += len(snap.rows)
                 if snap.rows or snap.through_seq > self._recorded:

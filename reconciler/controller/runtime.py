@@ -231,7 +231,7 @@ class Replica:
         assert caches is not None and store is not None and js is not None and nc is not None
         cfg = self.config
         leadership.published_seq = await store.published_seq()
-        publisher = OutboxPublisher(store=store, js=js, prefix=cfg.prefix)
+        publisher = OutboxPublisher(store=store, nc=nc, prefix=cfg.prefix)
         reporter = StatusReporter(
             caches=caches,
             nc=nc,
