@@ -64,30 +64,36 @@ async def test_one_of_two_campaigners_leads_and_a_resignation_hands_over(nc: Cli
         outer.cancel_scope.cancel()
 
 
+class Watched:
+    """Leader work that records when it starts and when it is stopped."""
+
+    def __init__(self) -> None:
+        self.started = anyio.Event()
+        self.stopped = anyio.Event()
+
+    async def __call__(self, leadership: Leadership) -> None:
+        self.started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            self.stopped.set()
+
+
 async def test_a_leader_whose_key_is_taken_stops_its_work_at_once(nc: Client) -> None:
     js = nc.jetstream()
     await ensure_streams(js, NAMES, leader_ttl_s=3.0)
     kv = await js.key_value(NAMES.leader_bucket)
     election = LeaderElection(js, bucket=NAMES.leader_bucket, holder="a", ttl_s=3.0)
-    started = anyio.Event()
-    stopped = anyio.Event()
-
-    async def work(leadership: Leadership) -> None:
-        started.set()
-        try:
-            await anyio.sleep_forever()
-        finally:
-            stopped.set()
-
+    work = Watched()
     async with anyio.create_task_group() as tg:
         tg.start_soon(election.run, work)
         with anyio.fail_after(5):
-            await started.wait()
+            await work.started.wait()
         # an operator (or a partition's other side) replaces the key
         await kv.purge(LEADER_KEY)
         await kv.create(LEADER_KEY, b'{"holder": "usurper"}')
         with anyio.fail_after(3.0):  # the next renewal (ttl/3) is refused
-            await stopped.wait()
+            await work.stopped.wait()
         assert election.leading is None
         tg.cancel_scope.cancel()
 
@@ -149,24 +155,16 @@ async def test_a_leader_cut_off_from_nats_steps_down_before_its_key_expires(
     ttl = 2.0
     await ensure_streams(js, NAMES, leader_ttl_s=ttl)
     election = LeaderElection(js, bucket=NAMES.leader_bucket, holder="a", ttl_s=ttl)
-    started, stopped = anyio.Event(), anyio.Event()
-
-    async def work(leadership: Leadership) -> None:
-        started.set()
-        try:
-            await anyio.sleep_forever()
-        finally:
-            stopped.set()
-
+    work = Watched()
     async with anyio.create_task_group() as tg:
         tg.start_soon(election.run, work)
         with anyio.fail_after(5):
-            await started.wait()
+            await work.started.wait()
         await anyio.to_thread.run_sync(nats_server.pause)
         try:
             began = anyio.current_time()
             with anyio.fail_after(ttl):  # well before the bucket could let anyone in
-                await stopped.wait()
+                await work.stopped.wait()
             assert anyio.current_time() - began <= ttl * SAFETY + 0.1
         finally:
             await anyio.to_thread.run_sync(nats_server.resume)
