@@ -103,17 +103,16 @@ class GpuAssignment:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DeleteCommand:
-    """``<prefix>.out.exec.<host>.delete``: destroy the lease's VM; missing is done."""
+class _ExecCommand:
+    """What every executor command names: itself, the instance, and its lease."""
 
     command_id: str
     host: str
     instance: str
     project: str
     lease_id: str
-    reason: str
 
-    verb: ClassVar[Literal["delete"]] = "delete"
+    verb: ClassVar[str]
 
     @property
     def key(self) -> str:
@@ -127,19 +126,25 @@ class DeleteCommand:
             "project": self.project,
             "instance": self.instance,
             "lease_id": self.lease_id,
-            "reason": self.reason,
         }
 
 
 @dataclass(frozen=True, kw_only=True)
-class CreateCommand:
+class DeleteCommand(_ExecCommand):
+    """``<prefix>.out.exec.<host>.delete``: destroy the lease's VM; missing is done."""
+
+    reason: str
+
+    verb: ClassVar[Literal["delete"]] = "delete"
+
+    def log_fields(self) -> dict[str, Any]:
+        return {**super().log_fields(), "reason": self.reason}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreateCommand(_ExecCommand):
     """``<prefix>.out.exec.<host>.create``: create and start a warm VM for a lease."""
 
-    command_id: str
-    host: str
-    instance: str
-    project: str
-    lease_id: str
     pool: str
     image: str
     profiles: tuple[str, ...]
@@ -147,10 +152,6 @@ class CreateCommand:
     gpus: tuple[GpuAssignment, ...]
 
     verb: ClassVar[Literal["create"]] = "create"
-
-    @property
-    def key(self) -> str:
-        return instance_key(self.host, self.project, self.instance)
 
     def spec(self, *, storage_pool: str = "default") -> InstanceSpec:
         """The VM to create: the pool's image and profiles, the demand as limits and root
@@ -169,15 +170,7 @@ class CreateCommand:
         )
 
     def log_fields(self) -> dict[str, Any]:
-        return {
-            "command_id": self.command_id,
-            "verb": self.verb,
-            "host": self.host,
-            "project": self.project,
-            "instance": self.instance,
-            "lease_id": self.lease_id,
-            "pool": self.pool,
-        }
+        return {**super().log_fields(), "pool": self.pool}
 
 
 Command = CreateCommand | DeleteCommand
