@@ -279,6 +279,7 @@ def derived(state: State) -> dict[str, Any]:
         "pool_booking": {k: v for k, v in state.pool_booking.items() if v},
         "pool_warm_unclaimed": {k: v for k, v in state.pool_warm_unclaimed.items() if v},
         "pool_ready": {k: set(v) for k, v in state.pool_ready.items() if v},
+        "pool_booting": {k: set(v) for k, v in state.pool_booting.items() if v},
         "host_order": list(state.host_order),
     }
 

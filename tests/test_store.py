@@ -162,6 +162,7 @@ DERIVED = (
     "pool_booking",
     "pool_warm_unclaimed",
     "pool_ready",
+    "pool_booting",
     "host_order",
 )
 

@@ -44,6 +44,15 @@ def is_idle_ready(lease: Lease) -> bool:
     )
 
 
+def is_booting_warm(lease: Lease) -> bool:
+    """A warm VM admitted and not ready yet: reserved or created, past its gate."""
+    return (
+        lease.kind is LeaseKind.WARM
+        and lease.state in (LeaseState.RESERVED, LeaseState.CREATED)
+        and lease.gate_seq is None
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Output:
     """One message to publish after commit. ``subject`` has no prefix (``out.…``)."""
@@ -140,6 +149,9 @@ class State:
     pool_warm_unclaimed: dict[PoolName, int] = field(default_factory=dict)
     #: pool -> lease ids of ready, unclaimed, unsuspected warm leases (claim and victim pool)
     pool_ready: dict[PoolName, set[LeaseId]] = field(default_factory=dict)
+    #: pool -> lease ids of warm leases still booting (reserved or created, not gated),
+    #: so the boot-timeout check looks at a handful of leases, not at the whole pool
+    pool_booting: dict[PoolName, set[LeaseId]] = field(default_factory=dict)
     #: host names in order (placement's iteration order), rebuilt when a host appears
     host_order: list[HostName] = field(default_factory=list)
     #: which hosts fit which request shapes, kept up to date from a log of host changes
@@ -154,6 +166,7 @@ class State:
         self.pool_booking = {}
         self.pool_warm_unclaimed = {}
         self.pool_ready = {}
+        self.pool_booting = {}
         self.host_order = sorted(self.hosts)
         self.candidates = CandidateIndex()
         for lease in sorted(self.leases.values(), key=lambda le: (le.admitted_seq, le.lease_id)):
@@ -199,11 +212,9 @@ class State:
                     self.pool_warm_unclaimed.get(lease.pool, 0) + sign
                 )
             if is_idle_ready(lease):
-                ready = self.pool_ready.setdefault(lease.pool, set())
-                if sign > 0:
-                    ready.add(lid)
-                else:
-                    ready.discard(lid)
+                _member(self.pool_ready, lease.pool, lid, sign)
+            elif is_booting_warm(lease):
+                _member(self.pool_booting, lease.pool, lid, sign)
 
     def put_lease(self, lease: Lease) -> None:
         """Store a lease and keep the derived indexes in step."""
@@ -226,3 +237,17 @@ class State:
     def active_in_pool(self, pool: PoolName) -> list[Lease]:
         ids = self.in_pool.get(pool, ())
         return [self.leases[i] for i in sorted(ids)]
+
+    def booting_in_pool(self, pool: PoolName) -> list[Lease]:
+        """The pool's booting warm leases (:func:`is_booting_warm`) that book capacity."""
+        ids = self.pool_booting.get(pool, ())
+        return [self.leases[i] for i in sorted(ids)]
+
+
+def _member(index: dict[PoolName, set[LeaseId]], pool: PoolName, lid: LeaseId, sign: int) -> None:
+    """Add (+1) or remove (-1) a lease id in a per-pool index."""
+    members = index.setdefault(pool, set())
+    if sign > 0:
+        members.add(lid)
+    else:
+        members.discard(lid)
