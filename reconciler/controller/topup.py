@@ -22,6 +22,9 @@ Rules (DESIGN.md: the fold stays the only judge):
   change to any host or to the pool's leases looks again within ``recheck_s``, since
   room may have appeared; changes meanwhile coalesce into that one look. The backoff is
   forgotten after a round that is not refused.
+- Otherwise a pool is looked at ``coalesce_s`` (50 ms) after a commit touched it: the
+  commits meanwhile coalesce into that one look, instead of one look per commit (a
+  busy pool commits hundreds of times a second, and a VM boots in seconds).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from nats.js import JetStreamContext
 
 from reconciler.controller.caches import Caches, Commit
 from reconciler.controller.workqueue import TemporaryError, WorkQueue, run_with_resync
-from reconciler.core.model import LeaseKind, LeaseState, PoolName, RequestId
+from reconciler.core.model import PoolName, RequestId
 from reconciler.core.status import warm_deficit
 
 __all__ = ["WarmPoolReconciler", "topup_request_id", "warm_instance_name"]
@@ -87,12 +90,14 @@ class WarmPoolReconciler:
         workers: int = 1,
         interval_s: float = 10.0,
         recheck_s: float = 2.0,
+        coalesce_s: float = 0.05,
         boot_timeout_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.caches = caches
         self.recheck_s = recheck_s
+        self.coalesce_s = coalesce_s
         self.boot_timeout_s = boot_timeout_s
         self._wall = wall
         self.js = js
@@ -116,11 +121,11 @@ class WarmPoolReconciler:
             if pool in self.blocked:  # refused lately: look again soon, not per commit
                 self.queue.add_after(pool, self.recheck_s)
             else:
-                self.queue.add(pool)
+                self.queue.add_after(pool, self.coalesce_s)
         for request_id in commit.fx.decisions:
             decided = self.in_flight.get(request_id)
             if decided is not None:  # one of ours was decided: settle it
-                self.queue.add(decided)
+                self.queue.add_after(decided, self.coalesce_s)
         if commit.fx.hosts:
             for pool in self.blocked:  # coalesced: a busy fleet changes hosts all the time
                 self.queue.add_after(pool, self.recheck_s)
@@ -177,13 +182,8 @@ class WarmPoolReconciler:
         """
         state = self.caches.state
         now = self._wall()
-        for lease in state.active_in_pool(pool):
-            if (
-                lease.kind is not LeaseKind.WARM
-                or lease.state not in (LeaseState.RESERVED, LeaseState.CREATED)
-                or lease.gated
-                or lease.request_id is None
-            ):
+        for lease in state.booting_in_pool(pool):
+            if lease.request_id is None:
                 continue
             record = state.decisions.get(lease.request_id)
             admitted_at = _epoch(orjson.loads(record.payload)["decided_at"]) if record else None
