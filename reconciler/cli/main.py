@@ -86,6 +86,16 @@ def cli() -> None:
     show_default=True,
     help="Input messages fetched and committed per batch at most.",
 )
+@click.option(
+    "--store-writer",
+    envvar="RC_STORE_WRITER",
+    show_envvar=True,
+    type=click.Choice(["process", "thread"]),
+    default="process",
+    show_default=True,
+    help="Where commits run: a child process, off the event loop's GIL (the fast "
+    "choice), or a thread of this process.",
+)
 @log_options
 def run(**kwargs: Any) -> None:
     """Run the reconciler: caches on every replica, leader work on one.
@@ -108,6 +118,7 @@ def run(**kwargs: Any) -> None:
             replica=kwargs["replica"],
             workers=kwargs["workers"],
             batch=kwargs["batch"],
+            store_writer=kwargs["store_writer"],
             status_debounce_s=kwargs["status_debounce"],
             status_progress_interval_s=kwargs["status_progress_interval"],
             live_get_timeout_s=kwargs["live_get_timeout"],

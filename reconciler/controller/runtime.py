@@ -26,7 +26,7 @@ import re
 import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import structlog
@@ -82,6 +82,8 @@ class RunConfig:
     replica: str = field(default_factory=default_replica_name)
     workers: int = 2
     batch: int = 500
+    #: where commits run: a child process (off the event loop's GIL) or a thread
+    store_writer: Literal["process", "thread"] = "process"
     status_debounce_s: float = 1.0
     status_progress_interval_s: float = 10.0
     live_get_timeout_s: float = 5.0
@@ -152,7 +154,8 @@ class Replica:
                 duplicate_window_s=cfg.duplicate_window_s,
                 leader_ttl_s=cfg.leader_ttl_s,
             )
-            async with await Store.open(cfg.db) as store:
+            writer_process = cfg.store_writer == "process"
+            async with await Store.open(cfg.db, writer_process=writer_process) as store:
                 self.store = store
                 await self._run_with(nc, js, store, stop)
         finally:

@@ -23,8 +23,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +48,14 @@ from reconciler.store.errors import StoreError
 from reconciler.store.migrations import migrate
 from reconciler.store.migrations import schema_version as read_schema_version
 from reconciler.store.outbox import pack_outputs, unpack_outputs
+from reconciler.store.transactions import (
+    INSERT_OUTBOX,
+    mark_published,
+    scalar,
+    transaction,
+    write_batch,
+)
+from reconciler.store.writer import WriterProcess
 
 #: (State/Effects attribute, table, entity class) of the entities keyed by name
 _NAMED: tuple[tuple[str, str, type[Any]], ...] = (
@@ -87,9 +94,6 @@ _CLEAR_JOBS = "DELETE FROM jobs"
 _INSERT_JOURNAL = (
     "INSERT INTO journal (input_seq, lease_id, event, from_state, to_state) VALUES (?, ?, ?, ?, ?)"
 )
-_INSERT_OUTBOX = "INSERT INTO outbox_batches (input_seq, outputs) VALUES (?, ?)"
-#: moves the position forward, or matches no row when the batch is not ahead of it
-_ADVANCE = "UPDATE position SET applied_seq = ? WHERE id = 1 AND applied_seq < ?"
 _DECISION_COLUMNS = "request_id, verb, phase, msg_id, payload, lease_id"
 
 
@@ -224,7 +228,7 @@ def encode_batch(
     )
     outputs = [(o.subject, o.msg_id, o.payload) for o in (*fx.outputs, *extra_outputs)]
     if outputs:
-        add(_INSERT_OUTBOX, [(applied_seq, pack_outputs(outputs))])
+        add(INSERT_OUTBOX, [(applied_seq, pack_outputs(outputs))])
     return Batch(applied_seq=applied_seq, writes=tuple(writes))
 
 
@@ -247,13 +251,20 @@ class Store(Database):
     # ---------------------------------------------------------------- lifetime
 
     @classmethod
-    async def open(cls, path: str | Path) -> Store:
+    async def open(cls, path: str | Path, *, writer_process: bool = False) -> Store:
         """Open (creating if needed) and migrate the database at ``path``.
+
+        With ``writer_process``, commits and outbox marks run in a child process
+        (:mod:`reconciler.store.writer`), off this process's GIL; reads stay here. The
+        open returns once that writer holds the database (a writer of a previous
+        replica has finished). Needs a file, not ``:memory:``.
 
         Raises :class:`SchemaTooNew` for a database of a newer reconciler, and
         :class:`StoreError` for anything that is not a usable database.
         """
         path = Path(path)
+        if writer_process and str(path) == ":memory:":
+            raise StoreError("a writer process needs a database file, not :memory:")
         # autocommit mode: every transaction below is an explicit BEGIN … COMMIT
         connecting = aiosqlite.connect(path, isolation_level=None)
         try:
@@ -270,7 +281,32 @@ class Store(Database):
             if isinstance(exc, sqlite3.Error):
                 raise StoreError(f"cannot open store {path}: {exc}") from exc
             raise
-        return cls(conn, path)
+        store = cls(conn, path)
+        if writer_process:
+            try:
+                store._writer = await WriterProcess.start(path)
+            except BaseException:
+                await store.close()
+                raise
+        return store
+
+    def __init__(self, conn: aiosqlite.Connection, path: Path) -> None:
+        super().__init__(conn, path)
+        self._writer: WriterProcess | None = None
+
+    @property
+    def writer_pid(self) -> int | None:
+        """The writer process's pid, when commits run in one."""
+        return self._writer.pid if self._writer is not None else None
+
+    async def close(self) -> None:
+        """Close the writer process (it finishes what it has) and the connection."""
+        writer, self._writer = self._writer, None
+        try:
+            if writer is not None:
+                await writer.close()
+        finally:
+            await super().close()
 
     @staticmethod
     async def _configure(conn: aiosqlite.Connection, path: Path) -> None:
@@ -325,8 +361,11 @@ class Store(Database):
         writes no outbox row: its outputs are already on the bus, and publishing them
         again after the bus's duplicate window would double them.
         """
+        if self._writer is not None:
+            return await self._writer.write(batch.applied_seq, batch.writes)
         return await self.call(
-            lambda conn: _write(conn, batch), f"commit up to seq {batch.applied_seq}"
+            lambda conn: write_batch(conn, batch.applied_seq, batch.writes),
+            f"commit up to seq {batch.applied_seq}",
         )
 
     async def mark_published_through(self, input_seq: int) -> int:
@@ -335,17 +374,9 @@ class Store(Database):
         The published position only moves forward; the outbox rows (batches) at or below
         it are deleted, and later batches at or below it write none. How many went.
         """
-
-        def mark(conn: sqlite3.Connection) -> int:
-            with _transaction(conn):
-                conn.execute(
-                    "UPDATE position SET published_seq = ? WHERE id = 1 AND published_seq < ?",
-                    (input_seq, input_seq),
-                )
-                cur = conn.execute("DELETE FROM outbox_batches WHERE input_seq <= ?", (input_seq,))
-                return max(cur.rowcount, 0)
-
-        return await self.call(mark, "mark outbox published")
+        if self._writer is not None:
+            return await self._writer.mark_published(input_seq)
+        return await self.call(lambda conn: mark_published(conn, input_seq), "mark published")
 
     # ------------------------------------------------------------------- reads
 
@@ -415,8 +446,8 @@ class Store(Database):
         position, read consistently in one hop (see :class:`OutboxSnapshot`)."""
 
         def read(conn: sqlite3.Connection) -> OutboxSnapshot:
-            with _transaction(conn, mode="DEFERRED"):
-                applied = _scalar(conn, "SELECT applied_seq FROM position WHERE id = 1")
+            with transaction(conn, mode="DEFERRED"):
+                applied = scalar(conn, "SELECT applied_seq FROM position WHERE id = 1")
                 batches = conn.execute(
                     "SELECT input_seq, outputs FROM outbox_batches ORDER BY input_seq LIMIT ?",
                     (limit,),
@@ -486,45 +517,6 @@ class Store(Database):
                 (key,),
             )
         return [_decision(row) for row in rows]
-
-
-@contextmanager
-def _transaction(conn: sqlite3.Connection, *, mode: str = "IMMEDIATE") -> Iterator[None]:
-    """One transaction on the database thread: committed on exit, rolled back on error."""
-    if conn.in_transaction:  # left open by a failed COMMIT or ROLLBACK: discard it
-        conn.execute("ROLLBACK")
-    conn.execute(f"BEGIN {mode}")
-    try:
-        yield
-        if conn.in_transaction:  # the body may have rolled back on purpose
-            conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-
-
-def _scalar(conn: sqlite3.Connection, sql: str) -> int:
-    row = conn.execute(sql).fetchone()
-    if row is None:
-        raise StoreError("the position row is missing")
-    return int(row[0])
-
-
-def _write(conn: sqlite3.Connection, batch: Batch) -> bool:
-    """The transaction of :meth:`Store.write`, on the database thread."""
-    seq = batch.applied_seq
-    with _transaction(conn):
-        if conn.execute(_ADVANCE, (seq, seq)).rowcount != 1:
-            conn.execute("ROLLBACK")  # not ahead of the position: write nothing
-            return False
-        for statement, params in batch.writes:
-            if statement == _INSERT_OUTBOX:
-                published = _scalar(conn, "SELECT published_seq FROM position WHERE id = 1")
-                if seq <= published:
-                    continue
-            conn.executemany(statement, params)
-    return True
 
 
 async def _worker_stopped(conn: aiosqlite.Connection) -> None:

@@ -1,0 +1,122 @@
+"""The store's writer process itself (see :mod:`reconciler.store.writer` for its rules).
+
+``python -m reconciler.store.writer_child <db>``: takes the database's writer lock,
+serves ``write`` and ``mark`` requests from stdin in order with one reply each on
+stdout, checkpoints the WAL on a thread of its own, and stops when stdin closes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pickle
+import signal
+import sqlite3
+import sys
+import threading
+from typing import IO, Any
+
+from reconciler.store.errors import StoreError
+from reconciler.store.transactions import mark_published, write_batch
+from reconciler.store.writer import CHECKPOINT_EVERY_S, FRAME_HEADER
+
+__all__ = ["main"]
+
+
+def _read_exactly(stream: IO[bytes], size: int) -> bytes | None:
+    chunks = []
+    while size:
+        chunk = stream.read(size)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def _reply(stream: IO[bytes], message: tuple[Any, ...]) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(FRAME_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout = 5000")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    return conn
+
+
+def _checkpoints(path: str, stop: threading.Event) -> None:
+    """Passive WAL checkpoints beside the commits, until ``stop``."""
+    conn = _connect(path)
+    try:
+        while not stop.wait(CHECKPOINT_EVERY_S):
+            try:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.Error as exc:  # busy with another checkpointer: next time
+                print(f"store writer: checkpoint skipped: {exc}", file=sys.stderr)
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+    finally:
+        conn.close()
+
+
+def _serve(conn: sqlite3.Connection, requests: IO[bytes], replies: IO[bytes]) -> None:
+    while True:
+        header = _read_exactly(requests, FRAME_HEADER.size)
+        if header is None:
+            return
+        body = _read_exactly(requests, FRAME_HEADER.unpack(header)[0])
+        if body is None:
+            return
+        request = pickle.loads(body)
+        try:
+            if request[0] == "write":
+                result: object = write_batch(conn, request[1], request[2])
+            elif request[0] == "mark":
+                result = mark_published(conn, request[1])
+            else:
+                raise ValueError(f"unknown request {request[0]!r}")
+        except (sqlite3.Error, StoreError, ValueError) as exc:
+            _reply(replies, ("error", str(exc)))
+            continue
+        _reply(replies, ("ok", result))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child: ``python -m reconciler.store.writer_child <db>``, spoken to on its pipes."""
+    args = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    requests, replies = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing but replies on the reply pipe
+    if len(args) != 1:
+        _reply(replies, ("error", "usage: python -m reconciler.store.writer_child <db>"))
+        return 2
+    path = args[0]
+    with open(f"{path}.writer-lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a previous writer finishes first
+        try:
+            conn = _connect(path)
+            conn.execute("PRAGMA cache_size = -8192")
+            conn.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpoint thread's job
+        except sqlite3.Error as exc:
+            _reply(replies, ("error", f"cannot open {path}: {exc}"))
+            return 1
+        stop = threading.Event()
+        checkpointer = threading.Thread(
+            target=_checkpoints, args=(path, stop), name="checkpoint", daemon=True
+        )
+        checkpointer.start()
+        _reply(replies, ("ready", os.getpid()))
+        try:
+            _serve(conn, requests, replies)
+        finally:
+            stop.set()
+            checkpointer.join(timeout=30)
+            conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

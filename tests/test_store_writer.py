@@ -1,0 +1,191 @@
+"""The store's writer process: the same rows as the in-process writer, one writer per
+database, errors as StoreError, and a child that never outlives its parent's pipe."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from reconciler.core.fold import fold_batch
+from reconciler.core.state import State
+from reconciler.store import Store, StoreError
+from reconciler.store.writer import WriterProcess
+from tests.test_store import FULL_STATE, MESSAGES, N, all_journal, all_outbox, assert_same_state
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers signal 0: look at its state
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "State:\tZ" not in status
+
+
+async def _wait_gone(pid: int, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            pytest.fail(f"writer process {pid} still runs after {within_s} s")
+        await asyncio.sleep(0.05)
+
+
+async def _commit_in_batches(db: Path, *, writer_process: bool) -> None:
+    async with await Store.open(db, writer_process=writer_process) as store:
+        state = State()
+        for start in range(0, N, 7):
+            end = min(start + 7, N)
+            fx = fold_batch(state, MESSAGES[start:end])
+            assert await store.commit(state, fx, applied_seq=end)
+        await store.mark_published_through(N // 2)
+
+
+async def test_the_writer_process_writes_what_the_thread_writes(tmp_path: Path) -> None:
+    in_thread, in_child = tmp_path / "thread.db", tmp_path / "child.db"
+    await _commit_in_batches(in_thread, writer_process=False)
+    await _commit_in_batches(in_child, writer_process=True)
+    assert all_outbox(in_child) == all_outbox(in_thread)
+    assert all_journal(in_child) == all_journal(in_thread)
+    async with await Store.open(in_child) as store:
+        assert_same_state(await store.load_state(), FULL_STATE)
+        assert await store.published_seq() == N // 2
+
+
+async def test_commits_are_readable_at_once_and_positions_only_move_forward(
+    tmp_path: Path,
+) -> None:
+    state = State()
+    fx = fold_batch(state, MESSAGES[:10])
+    async with await Store.open(tmp_path / "rc.db", writer_process=True) as store:
+        assert store.writer_pid is not None
+        assert await store.commit(state, fx, applied_seq=10)
+        assert await store.applied_seq() == 10  # read on this process's own connection
+        assert not await store.commit(state, fx, applied_seq=10)  # redelivered: no-op
+        assert await store.mark_published_through(10) == 1
+        assert await store.mark_published_through(5) == 0
+        assert await store.published_seq() == 10
+
+
+async def test_closing_the_store_ends_the_writer(tmp_path: Path) -> None:
+    store = await Store.open(tmp_path / "rc.db", writer_process=True)
+    pid = store.writer_pid
+    assert pid is not None and _alive(pid)
+    await store.close()
+    await _wait_gone(pid)
+    assert store.writer_pid is None
+
+
+async def test_a_memory_database_cannot_have_a_writer_process() -> None:
+    with pytest.raises(StoreError, match="needs a database file"):
+        await Store.open(":memory:", writer_process=True)
+
+
+async def test_a_dead_writer_is_a_store_error_every_time_after(tmp_path: Path) -> None:
+    state = State()
+    fx = fold_batch(state, MESSAGES[:10])
+    async with await Store.open(tmp_path / "rc.db", writer_process=True) as store:
+        assert store.writer_pid is not None
+        os.kill(store.writer_pid, signal.SIGKILL)
+        with pytest.raises(StoreError, match="writer process exited"):
+            await store.commit(state, fx, applied_seq=10)
+        with pytest.raises(StoreError, match="writer process exited"):
+            await store.mark_published_through(1)
+        assert await store.applied_seq() == 0  # reads still work; nothing was written
+
+
+async def test_a_failed_transaction_is_replied_and_the_writer_goes_on(tmp_path: Path) -> None:
+    db = tmp_path / "rc.db"
+    state = State()
+    fx = fold_batch(state, MESSAGES[:10])
+    async with await Store.open(db, writer_process=True) as store:
+        writer = store._writer
+        assert writer is not None
+        with pytest.raises(StoreError, match="no such table: nowhere"):
+            await writer.write(3, [("INSERT INTO nowhere VALUES (?)", [(1,)])])
+        assert await store.applied_seq() == 0  # rolled back whole, position included
+        assert await store.commit(state, fx, applied_seq=10)
+        assert await store.applied_seq() == 10
+
+
+async def test_one_writer_per_database(tmp_path: Path) -> None:
+    """A second writer waits until the first lets go (a killed replica's writer may be
+    finishing its last transaction)."""
+    db = tmp_path / "rc.db"
+    async with await Store.open(db, writer_process=True):
+        with pytest.raises(StoreError, match="did not start"):
+            await WriterProcess.start(db, ready_timeout_s=1.0)
+    second = await WriterProcess.start(db, ready_timeout_s=10.0)  # the first one is gone
+    await second.close()
+
+
+async def test_the_writer_ignores_ctrl_c(tmp_path: Path) -> None:
+    """SIGINT reaches a whole process group: the parent commits the batch in hand on its
+    way out, so the writer must still be there."""
+    state = State()
+    fx = fold_batch(state, MESSAGES[:10])
+    async with await Store.open(tmp_path / "rc.db", writer_process=True) as store:
+        assert store.writer_pid is not None
+        os.kill(store.writer_pid, signal.SIGINT)
+        os.kill(store.writer_pid, signal.SIGTERM)
+        await asyncio.sleep(0.2)
+        assert await store.commit(state, fx, applied_seq=10)
+
+
+async def test_the_writer_does_not_outlive_a_killed_parent(tmp_path: Path) -> None:
+    db = tmp_path / "rc.db"
+    script = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        from reconciler.store import Store
+
+        async def main():
+            store = await Store.open({str(db)!r}, writer_process=True)
+            print(store.writer_pid, flush=True)
+            await asyncio.sleep(60)
+
+        asyncio.run(main())
+        """
+    )
+    parent = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, cwd=ROOT, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert parent.stdout is not None
+        writer_pid = int(await asyncio.wait_for(parent.stdout.readline(), 30))
+        assert _alive(writer_pid)
+    finally:
+        parent.kill()
+        await parent.wait()
+    await _wait_gone(writer_pid)
+    # and the database is free for the next replica's writer
+    async with await Store.open(db, writer_process=True) as store:
+        assert await store.applied_seq() == 0
+
+
+async def test_the_writer_checkpoints_the_wal(tmp_path: Path) -> None:
+    """Automatic checkpoints are off on the writer's connection; its own thread keeps the
+    WAL from growing without bound."""
+    db = tmp_path / "rc.db"
+    async with await Store.open(db, writer_process=True) as store:
+        state = State()
+        fx = fold_batch(state, MESSAGES)
+        assert await store.commit(state, fx, applied_seq=N)
+        await asyncio.sleep(1.5)  # one checkpoint period
+        # immutable: the database file alone, without the WAL: what was checkpointed
+        with sqlite3.connect(f"file:{db}?immutable=1", uri=True) as probe:
+            (applied,) = probe.execute("SELECT applied_seq FROM position").fetchone()
+        assert applied == N
