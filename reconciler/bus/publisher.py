@@ -10,7 +10,8 @@ Rules:
   acknowledgement, then waits for every one, all within ``timeout_s``. It returns only
   when the stream stored (or deduplicated) every output; on anything else (an error
   answer, no stream, a timeout) it raises :class:`PublishError` and the caller publishes
-  the batch again later.
+  the batch again later. :meth:`OutputPublisher.send` is its first half, for a caller
+  that keeps several batches in flight: a :class:`Round` collects the confirmations.
 - The publisher is lean on purpose, and its own rather than nats-py's async publish
   (which creates a ``wait_for`` task and a random token per message, and turns each
   answer into a dataclass): one reply subscription per publisher, replies numbered by a
@@ -21,7 +22,7 @@ Rules:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -31,7 +32,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-__all__ = ["Ack", "OutputPublisher", "PublishError", "Publishable", "publish_outputs"]
+__all__ = ["Ack", "OutputPublisher", "PublishError", "Publishable", "Round", "publish_outputs"]
 
 MSG_ID = "Nats-Msg-Id"
 
@@ -62,16 +63,43 @@ class Ack:
     duplicate: bool
 
 
-class _Round:
-    """The answers one :meth:`OutputPublisher.publish` call waits for."""
+class Round:
+    """The confirmations one batch of publishes waits for (see :meth:`OutputPublisher.send`)."""
 
-    __slots__ = ("acks", "done", "error", "waiting")
+    __slots__ = ("acks", "count", "deadline", "done", "error", "on_settled", "tokens", "waiting")
 
-    def __init__(self, count: int) -> None:
+    def __init__(
+        self, count: int, *, deadline: float, on_settled: Callable[[], None] | None = None
+    ) -> None:
+        self.count = count
         self.acks: list[Ack | None] = [None] * count
         self.waiting = count
         self.error: str | None = None
+        #: ``anyio.current_time()`` by which every confirmation is due
+        self.deadline = deadline
         self.done = anyio.Event()
+        self.on_settled = on_settled
+        self.tokens: list[str] = []
+        if count == 0:
+            self.done.set()
+
+    @property
+    def confirmed(self) -> bool:
+        """Every output stored (or deduplicated) by the stream."""
+        return self.waiting == 0 and self.error is None
+
+    def problem(self, now: float) -> str | None:
+        """Why the round failed (an error answer, or late at ``now``), if it did."""
+        if self.error is not None:
+            return self.error
+        if self.waiting and now > self.deadline:
+            return f"{self.waiting} of {self.count} outputs not confirmed in time"
+        return None
+
+    def settle(self) -> None:
+        self.done.set()
+        if self.on_settled is not None:
+            self.on_settled()
 
 
 class OutputPublisher:
@@ -84,7 +112,7 @@ class OutputPublisher:
         self._sub: Subscription | None = None
         self._numbers = itertools.count()
         #: reply token -> (round, index in the round)
-        self._pending: dict[str, tuple[_Round, int]] = {}
+        self._pending: dict[str, tuple[Round, int]] = {}
 
     async def publish(
         self, outputs: Sequence[Publishable], *, timeout_s: float = 10.0
@@ -92,39 +120,59 @@ class OutputPublisher:
         """Publish ``outputs`` in order and wait until the stream confirmed each of them."""
         if not outputs:
             return []
-        if self._sub is None:
-            self._inbox = self.nc.new_inbox()
-            self._sub = await self.nc.subscribe(f"{self._inbox}.*", cb=self._on_answer)
-        round_ = _Round(len(outputs))
-        tokens: list[str] = []
+        round_ = await self.send(outputs, timeout_s=timeout_s)
         try:
-            with anyio.fail_after(timeout_s):
-                for index, out in enumerate(outputs):
-                    token = str(next(self._numbers))
-                    tokens.append(token)
-                    self._pending[token] = (round_, index)
-                    headers = {MSG_ID: out.msg_id} if out.msg_id is not None else None
-                    await self.nc.publish(
-                        f"{self.prefix}.{out.subject}",
-                        out.payload,
-                        reply=f"{self._inbox}.{token}",
-                        headers=headers,
-                    )
+            with anyio.move_on_after(max(0.0, round_.deadline - anyio.current_time())):
                 await round_.done.wait()
-        except TimeoutError as exc:
-            raise PublishError(
-                f"{round_.waiting} of {len(outputs)} outputs not confirmed within {timeout_s} s"
-            ) from exc
-        except PublishError:
-            raise
-        except Exception as exc:
-            raise PublishError(f"publishing {len(outputs)} outputs failed: {exc!r}") from exc
+            problem = round_.problem(anyio.current_time()) or (
+                None if round_.confirmed else f"{round_.waiting} outputs not confirmed"
+            )
         finally:
-            for token in tokens:
-                self._pending.pop(token, None)
-        if round_.error is not None:
-            raise PublishError(round_.error)
+            self.forget(round_)
+        if problem is not None:
+            raise PublishError(problem)
         return [ack for ack in round_.acks if ack is not None]
+
+    async def send(
+        self,
+        outputs: Sequence[Publishable],
+        *,
+        timeout_s: float = 10.0,
+        on_settled: Callable[[], None] | None = None,
+    ) -> Round:
+        """Publish ``outputs`` in order without waiting for their confirmations: the
+        returned round collects them (``on_settled`` is called when it is complete or
+        failed). Several rounds may be in flight; :meth:`forget` a round given up on.
+        Raises :class:`PublishError` when the connection refuses the publishes."""
+        round_ = Round(
+            len(outputs), deadline=anyio.current_time() + timeout_s, on_settled=on_settled
+        )
+        if not outputs:
+            return round_
+        try:
+            if self._sub is None:
+                self._inbox = self.nc.new_inbox()
+                self._sub = await self.nc.subscribe(f"{self._inbox}.*", cb=self._on_answer)
+            for index, out in enumerate(outputs):
+                token = str(next(self._numbers))
+                round_.tokens.append(token)
+                self._pending[token] = (round_, index)
+                headers = {MSG_ID: out.msg_id} if out.msg_id is not None else None
+                await self.nc.publish(
+                    f"{self.prefix}.{out.subject}",
+                    out.payload,
+                    reply=f"{self._inbox}.{token}",
+                    headers=headers,
+                )
+        except Exception as exc:
+            self.forget(round_)
+            raise PublishError(f"publishing {len(outputs)} outputs failed: {exc!r}") from exc
+        return round_
+
+    def forget(self, round_: Round) -> None:
+        """Stop collecting a round's confirmations (done with it, or given up on)."""
+        for token in round_.tokens:
+            self._pending.pop(token, None)
 
     async def _on_answer(self, msg: Msg) -> None:
         found = self._pending.pop(msg.subject[len(self._inbox) + 1 :], None)
@@ -149,7 +197,7 @@ class OutputPublisher:
                 round_.error = round_.error or f"unreadable answer {msg.data[:200]!r}: {exc}"
         round_.waiting -= 1
         if round_.waiting == 0 or round_.error is not None:
-            round_.done.set()
+            round_.settle()
 
     async def close(self) -> None:
         sub, self._sub = self._sub, None
