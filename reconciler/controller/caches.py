@@ -218,7 +218,8 @@ class Caches:
             if folded.advanced:
                 folded.batch = encode_batch(self.state, folded.fx, applied_seq=folded.applied_seq)
             self._in_flight += 1
-            self._drained = anyio.Event()
+            if self._drained.is_set():
+                self._drained = anyio.Event()
             await send.send(folded)
 
     async def _fold(self, deliveries: list[Delivery]) -> FoldedBatch:
