@@ -284,6 +284,8 @@ class Store(Database):
         store = cls(conn, path)
         if writer_process:
             try:
+                # this connection only reads now: the writer keeps the write-side cache
+                await conn.execute("PRAGMA cache_size = -2048")
                 store._writer = await WriterProcess.start(path)
             except BaseException:
                 await store.close()

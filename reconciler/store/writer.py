@@ -37,22 +37,18 @@ import asyncio
 import contextlib
 import os
 import pickle
-import struct
 import sys
 from pathlib import Path
 from typing import Any
 
 from reconciler.store.errors import StoreError
 from reconciler.store.transactions import Writes
+from reconciler.store.writer_child import CHECKPOINT_EVERY_S, FRAME_HEADER
 
 __all__ = ["CHECKPOINT_EVERY_S", "FRAME_HEADER", "WriterProcess"]
 
-#: how often the child checkpoints the WAL (passively, beside the commits)
-CHECKPOINT_EVERY_S = 1.0
 #: how long a new writer waits for a previous one to let go of the database
 READY_TIMEOUT_S = 60.0
-#: each frame: its length, then a pickle
-FRAME_HEADER = struct.Struct(">I")
 #: where ``reconciler`` is importable from, for the child's ``-m``
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 

@@ -3,6 +3,8 @@
 ``python -m reconciler.store.writer_child <db>``: takes the database's writer lock,
 serves ``write`` and ``mark`` requests from stdin in order with one reply each on
 stdout, checkpoints the WAL on a thread of its own, and stops when stdin closes.
+It imports the standard library and :mod:`reconciler.store.transactions` only, so it
+stays a small process (the parent imports this module for the frame format).
 """
 
 from __future__ import annotations
@@ -12,15 +14,23 @@ import os
 import pickle
 import signal
 import sqlite3
+import struct
 import sys
 import threading
 from typing import IO, Any
 
 from reconciler.store.errors import StoreError
 from reconciler.store.transactions import mark_published, write_batch
-from reconciler.store.writer import CHECKPOINT_EVERY_S, FRAME_HEADER
 
-__all__ = ["main"]
+__all__ = ["CHECKPOINT_EVERY_S", "FRAME_HEADER", "main"]
+
+#: how often the child checkpoints the WAL (passively, beside the commits)
+CHECKPOINT_EVERY_S = 1.0
+#: each frame on the pipes: its length, then a pickle
+FRAME_HEADER = struct.Struct(">I")
+#: the writer's page cache: the pages a batch's upserts walk (the parent keeps its own
+#: for reads)
+CACHE_KIB = 4096
 
 
 def _read_exactly(stream: IO[bytes], size: int) -> bytes | None:
@@ -98,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a previous writer finishes first
         try:
             conn = _connect(path)
-            conn.execute("PRAGMA cache_size = -8192")
+            conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
             conn.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpoint thread's job
         except sqlite3.Error as exc:
             _reply(replies, ("error", f"cannot open {path}: {exc}"))
