@@ -194,7 +194,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     )
     parser.add_argument("--nats-server", help="nats-server binary (PATH, then /usr/sbin)")
     parser.add_argument(
-        "--py-spy", type=Path, metavar="FILE", help="py-spy the reconciler in the throughput phase"
+        "--py-spy",
+        type=Path,
+        metavar="FILE",
+        help="py-spy the reconciler: FILE for the throughput phase, FILE-latency for latency",
     )
     args = parser.parse_args(argv)
     skip = frozenset(s.strip() for part in args.skip for s in part.split(",") if s.strip())
@@ -555,13 +558,40 @@ class ReconcilerProcess:
                 f"{_tail(self.log_path)}"
             )
 
+    def pids(self) -> list[int]:
+        """The reconciler and its children (the store's writer process), recursively."""
+        found, todo = [], [self.pid]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            with contextlib.suppress(OSError):
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+                todo.extend(int(c) for c in children)
+        return found
+
+    def cpu_seconds(self) -> float:
+        """CPU time so far of the reconciler and its children."""
+        total = 0.0
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                total += cpu_seconds(pid)
+        return total
+
     def memory_mib(self) -> dict[str, float]:
-        """``VmRSS`` (resident now) and ``VmHWM`` (peak resident) in MiB, from ``/proc``."""
-        found: dict[str, float] = {}
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                found[key] = round(int(value.split()[0]) / 1024, 1)
+        """``VmRSS`` (resident now) and ``VmHWM`` (peak resident) in MiB, from ``/proc``,
+        summed over the reconciler and its children (the sum of the peaks bounds the
+        peak of the sum), and the writer's share (``writer_VmRSS``, ``writer_VmHWM``)."""
+        found: dict[str, float] = {"VmRSS": 0.0, "VmHWM": 0.0}
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    key, _, value = line.partition(":")
+                    if key in ("VmRSS", "VmHWM"):
+                        mib = int(value.split()[0]) / 1024
+                        found[key] = round(found[key] + mib, 1)
+                        if pid != self.pid:
+                            name = f"writer_{key}"
+                            found[name] = round(found.get(name, 0.0) + mib, 1)
         return found
 
     def stop(self) -> int:
@@ -828,9 +858,9 @@ async def throughput_phase(ctx: Context) -> dict[str, Any]:
         try:
             limit = 120 + total / 200
             t_first = await wait_event(proc, "the first fetch", first_fetch, within_s=30)
-            cpu = cpu_seconds(proc.pid), cpu_seconds(ctx.server_pid)
+            cpu = proc.cpu_seconds(), cpu_seconds(ctx.server_pid)
             t_last = await wait_event(proc, "the last decision", last_decision, within_s=limit)
-            cpu = cpu_seconds(proc.pid) - cpu[0], cpu_seconds(ctx.server_pid) - cpu[1]
+            cpu = proc.cpu_seconds() - cpu[0], cpu_seconds(ctx.server_pid) - cpu[1]
         finally:
             if profiler is not None:
                 await asyncio.to_thread(profiler.stop)
@@ -891,16 +921,20 @@ async def latency_phase(ctx: Context) -> dict[str, Any]:
         arrivals.setdefault(msg.subject[len(head) :], time.perf_counter())
 
     proc = new_reconciler(ctx, names.prefix)
+    profiler: PySpy | None = None
     async with running(proc):
         await wait_applied(ctx, proc, len(load.setup), within_s=60)
         sub = await ctx.nc.subscribe(f"{head}>", cb=on_decision)
         await ctx.nc.flush()
+        if opts.py_spy is not None:
+            out = opts.py_spy.with_stem(f"{opts.py_spy.stem}-latency")
+            profiler = PySpy(out, proc.pid, ctx.workdir / "py-spy-latency.log")
         log(f"latency: {warmup} warm-up + {measured} commands at {opts.rate:g}/s, open loop")
         futures: list[asyncio.Future[api.PubAck]] = []
         lag = 0.0
         k = 0
         start = measure_from = time.perf_counter() + 0.05
-        cpu_start = cpu_seconds(proc.pid)
+        cpu_start = proc.cpu_seconds()
         for item in load.items:
             if item.request_id is not None:
                 due = start + k / opts.rate
@@ -911,11 +945,14 @@ async def latency_phase(ctx: Context) -> dict[str, Any]:
                 k += 1
                 if k == warmup + 1:
                     measure_from = time.perf_counter()
-                    cpu_start = cpu_seconds(proc.pid)
+                    cpu_start = proc.cpu_seconds()
                 sent[item.request_id] = time.perf_counter()
             futures.append(await js.publish_async(item.subject, item.data, headers=item.headers))
         send_seconds = time.perf_counter() - measure_from
-        cpu = (cpu_seconds(proc.pid) - cpu_start) / send_seconds
+        cpu = (proc.cpu_seconds() - cpu_start) / send_seconds
+        if profiler is not None:
+            await asyncio.to_thread(profiler.stop)
+            log(f"py-spy profile written to {profiler.out}")
         await asyncio.wait_for(asyncio.gather(*futures), timeout=60)
 
         async def all_arrived() -> bool:
@@ -987,7 +1024,9 @@ async def rss_phase(ctx: Context) -> dict[str, Any]:
     return {
         "peak_rss_mib": held["VmHWM"],
         "rss": {
-            "process": "the `reconciler run` subprocess; /proc/<pid>/status",
+            "process": "the `reconciler run` subprocess and its store writer, summed; "
+            "/proc/<pid>/status",
+            "writer_peak_rss_mib": held.get("writer_VmHWM"),
             "leases": leases,
             "peak_rss_mib": held["VmHWM"],
             "rss_mib": held["VmRSS"],
