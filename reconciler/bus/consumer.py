@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -135,6 +136,8 @@ class InputConsumer:
         self._buffer: deque[Msg] = deque()
         self._owed = 0
         self._arrived = anyio.Event()
+        #: called whenever a delivery is buffered (the caches wake their reader with it)
+        self.on_arrival: Callable[[], None] | None = None
         self._inbox = ""
         self._pull = ""
         self._next_seq = 1
@@ -214,13 +217,41 @@ class InputConsumer:
             self._broken = "order check failed"
             return []
 
+    @property
+    def buffered(self) -> int:
+        """Deliveries received and not handed out yet."""
+        return len(self._buffer)
+
+    async def fetch_buffered(self) -> list[Delivery]:
+        """What is buffered, in order from :attr:`next_seq`, without waiting: ``[]`` when
+        nothing is. Asks the server for more when the last pull request is used up, so
+        that deliveries keep coming while the caller is busy. Never raises, like
+        :meth:`fetch`; a consumer that needs a restart is left for :meth:`fetch`."""
+        reconnected = self._nc.stats["reconnects"] != self._reconnects_seen
+        if self._broken is not None or self._sub is None or reconnected:
+            return []
+        try:
+            if self._owed <= 0:
+                await self._pull_more()
+            if not self._buffer:
+                return []
+            msgs = [self._buffer.popleft() for _ in range(min(self.batch, len(self._buffer)))]
+            return await self._in_order(msgs)
+        except Exception as exc:  # connection closed or draining, or the gap check failed
+            self._log.warning("consumer.fetch_failed", error=repr(exc), at_seq=self._next_seq)
+            self._broken = f"fetch failed: {exc!r}"
+            return []
+
+    async def _pull_more(self) -> None:
+        request = {"batch": self.batch, "expires": int(self.fetch_timeout_s * 1e9)}
+        self._owed = self.batch
+        await self._nc.publish(self._pull, orjson.dumps(request), reply=self._inbox)
+
     async def _await_messages(self) -> None:
         """Wait until messages are buffered, or the pull request ended (expired), or the
         watchdog gave up on a request the server seems to have lost."""
         if self._owed <= 0:
-            request = {"batch": self.batch, "expires": int(self.fetch_timeout_s * 1e9)}
-            self._owed = self.batch
-            await self._nc.publish(self._pull, orjson.dumps(request), reply=self._inbox)
+            await self._pull_more()
         self._arrived = anyio.Event()
         with anyio.move_on_after(self.fetch_timeout_s + self.watchdog_grace_s) as watchdog:
             await self._arrived.wait()
@@ -233,6 +264,8 @@ class InputConsumer:
         if status is None:
             self._buffer.append(msg)
             self._owed -= 1
+            if self.on_arrival is not None:
+                self.on_arrival()
         elif status in _REQUEST_OVER:
             if status == "409":
                 description = msg.headers.get("Description") if msg.headers else None
