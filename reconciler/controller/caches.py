@@ -383,6 +383,8 @@ class Caches:
         routine = log.is_enabled_for(logging.DEBUG)
         for out in folded.fx.outputs:
             if out.subject.startswith("out.decision."):
+                if out.outcome in _ROUTINE and not routine:
+                    continue  # not parsed: routine, and not logged at this level
                 body = orjson.loads(out.payload)
                 outcome = body["outcome"]
                 if outcome in _ROUTINE and not routine:

@@ -170,7 +170,7 @@ class _Step:
         )
         self.state.decisions[request_id] = record
         self.fx.decisions.add(request_id)
-        self.fx.outputs.append(Output(f"out.decision.{request_id}", record.msg_id, data))
+        self.fx.outputs.append(Output(f"out.decision.{request_id}", record.msg_id, data, outcome))
 
     def move(self, lease: Lease, to: LeaseState, event: str, **changes: Any) -> Lease:
         """Change a lease's state (or only its fields, when ``to`` is its state)."""

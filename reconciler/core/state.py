@@ -60,6 +60,8 @@ class Output:
     subject: str
     msg_id: str | None
     payload: bytes
+    #: a decision's outcome, for the logs (which need not parse the payload for it)
+    outcome: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
