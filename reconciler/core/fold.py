@@ -38,6 +38,7 @@ from reconciler.core.model import (
     RequestId,
     ResourceClass,
     Resources,
+    evolve_lease,
 )
 from reconciler.core.placement import (
     ClaimError,
@@ -174,7 +175,7 @@ class _Step:
 
     def move(self, lease: Lease, to: LeaseState, event: str, **changes: Any) -> Lease:
         """Change a lease's state (or only its fields, when ``to`` is its state)."""
-        new = replace(lease, state=to, **changes)
+        new = evolve_lease(lease, state=to, **changes)
         self.state.put_lease(new)
         self.fx.leases.add(new.lease_id)
         self.fx.hosts.add(new.host)

@@ -8,8 +8,8 @@ host name from being passed where a lease id is expected.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import NewType
+from dataclasses import dataclass, field, fields
+from typing import Any, NewType
 
 HostName = NewType("HostName", str)
 PoolName = NewType("PoolName", str)
@@ -346,3 +346,21 @@ TAG_LEASE_ID = "user.rc.lease-id"
 TAG_POOL = "user.rc.pool"
 TAG_KIND = "user.rc.kind"
 TAG_JOB = "user.rc.job"
+
+
+_LEASE_FIELDS = tuple(f.name for f in fields(Lease))
+_LEASE_FIELD_SET = frozenset(_LEASE_FIELDS)
+
+
+def evolve_lease(lease: Lease, /, **changes: Any) -> Lease:
+    """A copy of ``lease`` with ``changes``: :func:`dataclasses.replace` for the fold's
+    most frequent copy, at about half its cost. It sets the fields directly, which is
+    what the generated ``__init__`` does, since :class:`Lease` has neither a
+    ``__post_init__`` nor an ``init=False`` field (a test keeps it so)."""
+    unknown = changes.keys() - _LEASE_FIELD_SET
+    if unknown:
+        raise TypeError(f"Lease has no field {sorted(unknown)[0]!r}")
+    new = object.__new__(Lease)
+    for name in _LEASE_FIELDS:
+        object.__setattr__(new, name, changes[name] if name in changes else getattr(lease, name))
+    return new
