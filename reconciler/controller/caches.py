@@ -64,7 +64,7 @@ logger = structlog.get_logger(__name__)
 #: folded batches that may queue for the writer besides the one handed over
 PIPELINE_DEPTH = 0
 #: how large (in fetches of ``batch``) the batch in hand may grow while the writer is busy
-MERGE_LIMIT = 4
+MERGE_LIMIT = 2
 #: decision outcomes logged at debug (the others, at info)
 _ROUTINE = frozenset({"admitted", "claimed", "ok", "authorized"})
 

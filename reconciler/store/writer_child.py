@@ -9,6 +9,7 @@ stays a small process (the parent imports this module for the frame format).
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import os
 import pickle
@@ -30,7 +31,11 @@ CHECKPOINT_EVERY_S = 1.0
 FRAME_HEADER = struct.Struct(">I")
 #: the writer's page cache: the pages a batch's upserts walk (the parent keeps its own
 #: for reads)
-CACHE_KIB = 4096
+CACHE_KIB = 2048
+#: after a request this large, freed memory is handed back to the system
+TRIM_AFTER_BYTES = 256 * 1024
+#: the C library this process already has (its own symbols): glibc's malloc_trim, if any
+_LIBC = ctypes.CDLL(None)
 
 
 def _read_exactly(stream: IO[bytes], size: int) -> bytes | None:
@@ -80,6 +85,7 @@ def _serve(conn: sqlite3.Connection, requests: IO[bytes], replies: IO[bytes]) ->
         if body is None:
             return
         request = pickle.loads(body)
+        failure: str | None = None
         try:
             if request[0] == "write":
                 result: object = write_batch(conn, request[1], request[2])
@@ -88,9 +94,21 @@ def _serve(conn: sqlite3.Connection, requests: IO[bytes], replies: IO[bytes]) ->
             else:
                 raise ValueError(f"unknown request {request[0]!r}")
         except (sqlite3.Error, StoreError, ValueError) as exc:
-            _reply(replies, ("error", str(exc)))
-            continue
-        _reply(replies, ("ok", result))
+            result, failure = None, str(exc)
+        big = len(body) >= TRIM_AFTER_BYTES
+        del request, body
+        if big:
+            _trim()
+        _reply(replies, ("error", failure) if failure is not None else ("ok", result))
+
+
+def _trim() -> None:
+    """Give the memory of a large batch's rows back to the system (glibc keeps freed
+    small objects in its arenas otherwise, and the writer would stay as large as the
+    largest batch it ever wrote); a no-op without glibc."""
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def main(argv: list[str] | None = None) -> int:
