@@ -3,10 +3,11 @@ real nats-server."""
 
 from __future__ import annotations
 
+import anyio
 import pytest
 from nats.aio.client import Client
 
-from reconciler.bus.consumer import InputConsumer, parse_ack_subject, rfc3339_nanos
+from reconciler.bus.consumer import LOOKAHEAD, InputConsumer, parse_ack_subject, rfc3339_nanos
 from reconciler.bus.publisher import PublishError, publish_outputs
 from reconciler.bus.streams import StreamNames, ensure_streams
 from reconciler.core.state import Output
@@ -65,6 +66,32 @@ async def test_deliveries_come_in_order_from_the_start_sequence(nc: Client) -> N
     await consumer.start(from_seq=29)
     assert [d.stream_seq for d in await consumer.fetch()] == [29, 30]
     assert consumer.restarts == 2
+    await consumer.close()
+
+
+async def test_the_next_batches_are_requested_before_the_caller_asks(nc: Client) -> None:
+    bus = BusClient(nc)
+    await bus.ensure_streams()
+    await publish(bus, 40)
+    consumer = InputConsumer(nc, bus.js, stream="RC_IN", durable="c", batch=5, fetch_timeout_s=1)
+    await consumer.start(from_seq=1)
+    first = await consumer.fetch()
+    assert first and first[0].stream_seq == 1
+    # while the caller holds (and never acks) what it took, LOOKAHEAD batches come in
+    with anyio.fail_after(5):
+        while consumer.buffered + len(first) < 5 + LOOKAHEAD * 5:
+            await anyio.sleep(0.01)
+            if len(first) < 5:
+                first += await consumer.fetch_buffered()
+    assert len(first) == 5 and consumer.buffered == LOOKAHEAD * 5
+    await anyio.sleep(0.2)
+    assert consumer.buffered == LOOKAHEAD * 5  # no more than that is asked for
+    # handing deliveries out asks for more: every message arrives once, in order
+    seqs = [d.stream_seq for d in first]
+    with anyio.fail_after(5):
+        while len(seqs) < 40:
+            seqs += [d.stream_seq for d in await consumer.fetch()]
+    assert seqs == list(range(1, 41))
     await consumer.close()
 
 

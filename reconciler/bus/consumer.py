@@ -24,10 +24,15 @@ Rules:
 - Acks and terms are plain publishes to the ack subject; they are sent only after the
   caller committed what the messages caused.
 - The pull loop is the consumer's own, not nats-py's ``fetch`` (which awaits each message
-  through a fresh ``wait_for`` task): one pull request of ``batch`` messages at a time,
-  expiring after ``fetch_timeout_s``, whose deliveries a subscription callback buffers;
-  :meth:`InputConsumer.fetch` hands out what is buffered as soon as anything is. A
-  status reply (404, 408, 409) ends the request, and the next fetch sends another.
+  through a fresh ``wait_for`` task): pull requests of ``batch`` messages, expiring after
+  ``fetch_timeout_s``, whose deliveries a subscription callback buffers;
+  :meth:`InputConsumer.fetch` hands out what is buffered as soon as anything is. Requests
+  are made ahead (:data:`LOOKAHEAD` batches buffered or owed), so the next deliveries are
+  already on their way while the caller folds a batch, never a round trip behind. A
+  status reply (404, 408, 409) ends its request; the server says how many messages the
+  request still owed (``Nats-Pending-Messages``), or, without that header, all are
+  taken as ended. The consumer's ``max_ack_pending`` leaves room for what the caller
+  holds unacknowledged (two batches folding, two committing) besides the lookahead.
 """
 
 from __future__ import annotations
@@ -62,6 +67,11 @@ _TERM = b"+TERM"
 #: status codes that end a pull request: no messages, expired, refused (409: max waiting,
 #: consumer deleted, leadership change); 100 (heartbeats) does not
 _REQUEST_OVER = frozenset({"404", "408", "409"})
+#: batches asked for ahead of the caller: buffered plus still owed by pull requests
+LOOKAHEAD = 2
+#: unacknowledged deliveries the server allows, in batches (lookahead plus what the caller
+#: holds: a batch in hand grown by merging, and the one being committed)
+ACK_PENDING_BATCHES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +142,7 @@ class InputConsumer:
         self.ack_wait_s = ack_wait_s
         self.watchdog_grace_s = watchdog_grace_s
         self._sub: Subscription | None = None
-        #: messages delivered and not yet handed out, and how many the request still owes
+        #: messages delivered and not yet handed out, and how many pull requests still owe
         self._buffer: deque[Msg] = deque()
         self._owed = 0
         self._arrived = anyio.Event()
@@ -167,7 +177,7 @@ class InputConsumer:
             ack_policy=api.AckPolicy.EXPLICIT,
             ack_wait=self.ack_wait_s,
             max_deliver=-1,
-            max_ack_pending=max(4 * self.batch, 1000),
+            max_ack_pending=max(ACK_PENDING_BATCHES * self.batch, 1000),
             max_waiting=16,
             replay_policy=api.ReplayPolicy.INSTANT,
         )
@@ -211,8 +221,9 @@ class InputConsumer:
                 return []
         msgs = [self._buffer.popleft() for _ in range(min(self.batch, len(self._buffer)))]
         try:
+            await self._pull_ahead()
             return await self._in_order(msgs)
-        except Exception as exc:  # the gap check could not ask the stream
+        except Exception as exc:  # the pull or the gap check could not reach the server
             self._log.warning("consumer.order_check_failed", error=repr(exc))
             self._broken = "order check failed"
             return []
@@ -224,34 +235,32 @@ class InputConsumer:
 
     async def fetch_buffered(self) -> list[Delivery]:
         """What is buffered, in order from :attr:`next_seq`, without waiting: ``[]`` when
-        nothing is. Asks the server for more when the last pull request is used up, so
-        that deliveries keep coming while the caller is busy. Never raises, like
+        nothing is. Asks the server for more as it hands deliveries out, so that they
+        keep coming while the caller is busy. Never raises, like
         :meth:`fetch`; a consumer that needs a restart is left for :meth:`fetch`."""
         reconnected = self._nc.stats["reconnects"] != self._reconnects_seen
         if self._broken is not None or self._sub is None or reconnected:
             return []
         try:
-            if self._owed <= 0:
-                await self._pull_more()
-            if not self._buffer:
-                return []
             msgs = [self._buffer.popleft() for _ in range(min(self.batch, len(self._buffer)))]
-            return await self._in_order(msgs)
+            await self._pull_ahead()
+            return await self._in_order(msgs) if msgs else []
         except Exception as exc:  # connection closed or draining, or the gap check failed
             self._log.warning("consumer.fetch_failed", error=repr(exc), at_seq=self._next_seq)
             self._broken = f"fetch failed: {exc!r}"
             return []
 
-    async def _pull_more(self) -> None:
-        request = {"batch": self.batch, "expires": int(self.fetch_timeout_s * 1e9)}
-        self._owed = self.batch
-        await self._nc.publish(self._pull, orjson.dumps(request), reply=self._inbox)
+    async def _pull_ahead(self) -> None:
+        """Ask for more until :data:`LOOKAHEAD` batches are buffered or owed."""
+        while len(self._buffer) + self._owed < LOOKAHEAD * self.batch:
+            request = {"batch": self.batch, "expires": int(self.fetch_timeout_s * 1e9)}
+            self._owed += self.batch
+            await self._nc.publish(self._pull, orjson.dumps(request), reply=self._inbox)
 
     async def _await_messages(self) -> None:
-        """Wait until messages are buffered, or the pull request ended (expired), or the
-        watchdog gave up on a request the server seems to have lost."""
-        if self._owed <= 0:
-            await self._pull_more()
+        """Wait until messages are buffered, or a pull request ended (expired), or the
+        watchdog gave up on requests the server seems to have lost."""
+        await self._pull_ahead()
         self._arrived = anyio.Event()
         with anyio.move_on_after(self.fetch_timeout_s + self.watchdog_grace_s) as watchdog:
             await self._arrived.wait()
@@ -263,14 +272,17 @@ class InputConsumer:
         status = msg.headers.get("Status") if msg.headers else None
         if status is None:
             self._buffer.append(msg)
-            self._owed -= 1
+            self._owed = max(0, self._owed - 1)
             if self.on_arrival is not None:
                 self.on_arrival()
         elif status in _REQUEST_OVER:
+            headers = msg.headers or {}
             if status == "409":
-                description = msg.headers.get("Description") if msg.headers else None
-                self._log.info("consumer.pull_ended", status=status, description=description)
-            self._owed = 0
+                self._log.info(
+                    "consumer.pull_ended", status=status, description=headers.get("Description")
+                )
+            left = headers.get("Nats-Pending-Messages")
+            self._owed = max(0, self._owed - int(left)) if left and left.isdigit() else 0
         self._arrived.set()
 
     async def _restart(self, why: str) -> bool:
