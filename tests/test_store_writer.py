@@ -4,6 +4,7 @@ database, errors as StoreError, and a child that never outlives its parent's pip
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import signal
 import sqlite3
@@ -17,10 +18,12 @@ import pytest
 from reconciler.core.fold import fold_batch
 from reconciler.core.state import State
 from reconciler.store import Store, StoreError
-from reconciler.store.writer import WriterProcess
+from reconciler.store.writer import PIPE_BYTES, WriterProcess
 from tests.test_store import FULL_STATE, MESSAGES, N, all_journal, all_outbox, assert_same_state
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the largest pipe an unprivileged process may ask for (Linux)
+PIPE_MAX = int(Path("/proc/sys/fs/pipe-max-size").read_text()) if sys.platform == "linux" else 0
 
 
 def _alive(pid: int) -> bool:
@@ -87,6 +90,18 @@ async def test_closing_the_store_ends_the_writer(tmp_path: Path) -> None:
     await store.close()
     await _wait_gone(pid)
     assert store.writer_pid is None
+
+
+@pytest.mark.skipif(not hasattr(fcntl, "F_GETPIPE_SZ"), reason="pipe sizes are Linux's")
+async def test_a_whole_batch_fits_in_the_request_pipe(tmp_path: Path) -> None:
+    writer = await WriterProcess.start(tmp_path / "rc.db")
+    try:
+        stdin = writer._proc.stdin
+        assert stdin is not None
+        size = fcntl.fcntl(stdin.get_extra_info("pipe").fileno(), fcntl.F_GETPIPE_SZ)
+        assert size >= min(PIPE_BYTES, PIPE_MAX)
+    finally:
+        await writer.close()
 
 
 async def test_a_memory_database_cannot_have_a_writer_process() -> None:
