@@ -1,6 +1,6 @@
 """The caches' pipeline: batches that grow while the writer is busy, and a fold that
-fails on one input (a bug) recovered by dead-lettering it, whether or not it arrived in
-a batch being merged."""
+fails on one input (a bug) recovered by dead-lettering it, whether it arrived in a batch
+of its own, in one being merged, or in a later chunk of its batch."""
 
 from __future__ import annotations
 
@@ -56,11 +56,22 @@ async def test_what_arrives_while_the_writer_is_busy_joins_the_batch_in_hand(
         assert info.num_ack_pending == 0  # every input acknowledged after its commit
 
 
-@pytest.mark.parametrize("merged", [False, True], ids=["own-batch", "merged-batch"])
+@pytest.mark.parametrize(
+    ("merged", "chunk"),
+    [(False, None), (True, None), (False, 3)],
+    ids=["own-batch", "merged-batch", "later-chunk"],
+)
 async def test_a_fold_bug_dead_letters_that_input_and_the_line_goes_on(
-    nc: Client, nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, merged: bool
+    nc: Client,
+    nats_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    merged: bool,
+    chunk: int | None,
 ) -> None:
     real_fold = caches_module.fold
+    if chunk is not None:  # a5 is folded in a later chunk of its batch
+        monkeypatch.setattr(caches_module, "FOLD_CHUNK", chunk)
 
     def buggy_fold(state: State, message: Message, fx: Effects | None = None) -> Effects:
         if getattr(message.input, "request_id", None) == "a5":
@@ -71,8 +82,12 @@ async def test_a_fold_bug_dead_letters_that_input_and_the_line_goes_on(
     monkeypatch.setattr(caches_module, "fold", buggy_fold)
     bus = BusClient(nc)
     db = tmp_path / "rc.db"
+    if chunk is not None:  # all in the stream first: one fetch, folded chunk by chunk
+        await bus.ensure_streams()
+        await bus.send(*FLEET, *admits(0, 10))
     async with running_replica(fast_config(nats_url, db)) as replica:
-        await bus.send(*FLEET)
+        if chunk is None:
+            await bus.send(*FLEET)
         await bus.wait_caught_up()
         caches, store = replica.caches, replica.store
         assert caches is not None and store is not None and store._writer is not None
@@ -81,7 +96,7 @@ async def test_a_fold_bug_dead_letters_that_input_and_the_line_goes_on(
                 for item in admits(0, 10):
                     await bus.send(item)
                 await anyio.sleep(0.3)  # folded into the batch in hand, a5 included
-        else:
+        elif chunk is None:
             await bus.send(*admits(0, 10))
         for i in range(10):
             if i != 5:

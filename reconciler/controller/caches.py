@@ -15,7 +15,10 @@ Rules (DESIGN.md, principles 3 and 7):
   committed with it, in one transaction, instead of waiting for a transaction of its
   own: the busier the bus, the larger the batches and the fewer the commits (and the
   fewer pages written per input). The state may run ahead of the store by those two
-  batches; :attr:`Caches.committed_seq` is what is durable.
+  batches; :attr:`Caches.committed_seq` is what is durable. A batch is folded
+  :data:`FOLD_CHUNK` deliveries at a time, with a turn of the event loop in between,
+  so that the writer's reply (and with it the next commit), acks and queries never wait
+  for the fold of a whole batch.
 - Bad input (too large, not JSON, wrong subject or schema, domain errors) becomes a dead
   letter in the same batch's outbox, in stream order among the decisions, and leaves the
   state untouched. So does an input on which the fold itself fails (a bug): the state is
@@ -38,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import orjson
 import structlog
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
@@ -65,6 +69,9 @@ logger = structlog.get_logger(__name__)
 PIPELINE_DEPTH = 0
 #: how large (in fetches of ``batch``) the batch in hand may grow while the writer is busy
 MERGE_LIMIT = 2
+#: deliveries folded between two turns of the event loop (a few milliseconds of work):
+#: the writer's reply, acks and queries are not kept waiting for a whole batch's fold
+FOLD_CHUNK = 64
 #: decision outcomes logged at debug (the others, at info)
 _ROUTINE = frozenset({"admitted", "claimed", "ok", "authorized"})
 
@@ -285,6 +292,15 @@ class Caches:
         )
 
     async def _fold(self, deliveries: list[Delivery]) -> FoldedBatch:
+        """Fold ``deliveries`` :data:`FOLD_CHUNK` at a time, letting the loop run in
+        between (the writer's reply, acks, queries), as one batch."""
+        folded = await self._fold_whole(deliveries[:FOLD_CHUNK])
+        for start in range(FOLD_CHUNK, len(deliveries), FOLD_CHUNK):
+            await anyio.lowlevel.checkpoint()
+            folded = await self._fold_more(folded, deliveries[start : start + FOLD_CHUNK])
+        return folded
+
+    async def _fold_whole(self, deliveries: list[Delivery]) -> FoldedBatch:
         while True:
             try:
                 return self._fold_once(deliveries)
@@ -294,12 +310,16 @@ class Caches:
     async def _fold_more(self, pending: FoldedBatch, more: list[Delivery]) -> FoldedBatch:
         """Fold ``more`` into the batch in hand. If the fold fails, the state reloaded
         from the store no longer has ``pending`` either: both are folded again."""
-        try:
-            later = self._fold_once(more)
-        except FoldFailed as failure:
-            await self._recover(more[failure.index], failure.cause)
-            return await self._fold(pending.deliveries + more)
-        pending.merge(later)
+        for start in range(0, len(more), FOLD_CHUNK):
+            chunk = more[start : start + FOLD_CHUNK]
+            if start:
+                await anyio.lowlevel.checkpoint()
+            try:
+                later = self._fold_once(chunk)
+            except FoldFailed as failure:
+                await self._recover(chunk[failure.index], failure.cause)
+                return await self._fold(pending.deliveries + more[start:])
+            pending.merge(later)
         return pending
 
     async def _recover(self, culprit: Delivery, cause: Exception) -> None:
