@@ -569,13 +569,16 @@ class ReconcilerProcess:
                 todo.extend(int(c) for c in children)
         return found
 
-    def cpu_seconds(self) -> float:
-        """CPU time so far of the reconciler and its children."""
-        total = 0.0
+    def cpu_seconds(self) -> tuple[float, float]:
+        """CPU time so far of the reconciler and its children, and the children's share."""
+        total = children = 0.0
         for pid in self.pids():
             with contextlib.suppress(OSError):
-                total += cpu_seconds(pid)
-        return total
+                used = cpu_seconds(pid)
+                total += used
+                if pid != self.pid:
+                    children += used
+        return total, children
 
     def memory_mib(self) -> dict[str, float]:
         """``VmRSS`` (resident now) and ``VmHWM`` (peak resident) in MiB, from ``/proc``,
@@ -636,8 +639,10 @@ class PySpy:
         if not os.access(binary, os.X_OK):
             raise BenchError("--py-spy needs py-spy (pip install py-spy; not a project dependency)")
         fmt = {".svg": "flamegraph", ".json": "speedscope"}.get(out.suffix, "raw")
+        # --idle: waiting shows too (a pipeline stall is time spent in select);
+        # --nonblocking: the reconciler is never paused to be sampled
         args = [binary, "record", "--pid", str(pid), "--rate", "250", "--threads",
-                "--format", fmt, "--output", str(out)]  # fmt: skip
+                "--idle", "--nonblocking", "--format", fmt, "--output", str(out)]  # fmt: skip
         with log_path.open("wb") as sink:
             self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink)
         self.out = out
@@ -858,9 +863,10 @@ async def throughput_phase(ctx: Context) -> dict[str, Any]:
         try:
             limit = 120 + total / 200
             t_first = await wait_event(proc, "the first fetch", first_fetch, within_s=30)
-            cpu = proc.cpu_seconds(), cpu_seconds(ctx.server_pid)
+            (used, writer_used), server_used = proc.cpu_seconds(), cpu_seconds(ctx.server_pid)
             t_last = await wait_event(proc, "the last decision", last_decision, within_s=limit)
-            cpu = proc.cpu_seconds() - cpu[0], cpu_seconds(ctx.server_pid) - cpu[1]
+            (total_cpu, writer_cpu), server_cpu = proc.cpu_seconds(), cpu_seconds(ctx.server_pid)
+            cpu = (total_cpu - used, writer_cpu - writer_used, server_cpu - server_used)
         finally:
             if profiler is not None:
                 await asyncio.to_thread(profiler.stop)
@@ -871,7 +877,8 @@ async def throughput_phase(ctx: Context) -> dict[str, Any]:
         fold_rate = total / seconds
         log(
             f"fold pipeline: {total} messages in {seconds:.2f} s = {fold_rate:,.0f}/s "
-            f"(cpu: reconciler {cpu[0] / seconds:.0%}, nats-server {cpu[1] / seconds:.0%})"
+            f"(cpu: reconciler {cpu[0] / seconds:.0%} of which its writer {cpu[1] / seconds:.0%}, "
+            f"nats-server {cpu[2] / seconds:.0%})"
         )
         await wait_applied(ctx, proc, total, within_s=30)
         decisions = await count_subject(js, names.out_stream, f"{names.prefix}.out.decision.>")
@@ -893,7 +900,8 @@ async def throughput_phase(ctx: Context) -> dict[str, Any]:
             "fold_seconds": round(seconds, 3),
             "baseline_runs_per_s": [round(r, 1) for r in baselines],
             "reconciler_cpu_util": round(cpu[0] / seconds, 3),
-            "nats_server_cpu_util": round(cpu[1] / seconds, 3),
+            "writer_cpu_util": round(cpu[1] / seconds, 3),
+            "nats_server_cpu_util": round(cpu[2] / seconds, 3),
             "decisions": decisions,
             "dead_letters": dead,
             "outcomes": dict(sorted(load.outcomes.items())),
@@ -934,7 +942,7 @@ async def latency_phase(ctx: Context) -> dict[str, Any]:
         lag = 0.0
         k = 0
         start = measure_from = time.perf_counter() + 0.05
-        cpu_start = proc.cpu_seconds()
+        cpu_start = proc.cpu_seconds()[0]
         for item in load.items:
             if item.request_id is not None:
                 due = start + k / opts.rate
@@ -945,11 +953,11 @@ async def latency_phase(ctx: Context) -> dict[str, Any]:
                 k += 1
                 if k == warmup + 1:
                     measure_from = time.perf_counter()
-                    cpu_start = proc.cpu_seconds()
+                    cpu_start = proc.cpu_seconds()[0]
                 sent[item.request_id] = time.perf_counter()
             futures.append(await js.publish_async(item.subject, item.data, headers=item.headers))
         send_seconds = time.perf_counter() - measure_from
-        cpu = (proc.cpu_seconds() - cpu_start) / send_seconds
+        cpu = (proc.cpu_seconds()[0] - cpu_start) / send_seconds
         if profiler is not None:
             await asyncio.to_thread(profiler.stop)
             log(f"py-spy profile written to {profiler.out}")
