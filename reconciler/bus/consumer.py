@@ -74,9 +74,13 @@ LOOKAHEAD = 2
 ACK_PENDING_BATCHES = 8
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Delivery:
-    """One input message as delivered: where it sits in the stream and when it was stored."""
+    """One input message as delivered: where it sits in the stream and when it was stored.
+
+    Treat it as read-only. It is not frozen only because a frozen dataclass is built
+    field by field through ``object.__setattr__``, and one is built per input.
+    """
 
     subject: str
     data: bytes
