@@ -46,12 +46,22 @@ async def publish(bus: BusClient, n: int) -> None:
         await bus.send_raw(f"rc.in.cmd.x{i}", b"{}")
 
 
-async def test_deliveries_come_in_order_from_the_start_sequence(nc: Client) -> None:
+async def started_consumer(
+    nc: Client, *, messages: int, batch: int, from_seq: int, fetch_timeout_s: float
+) -> tuple[BusClient, InputConsumer]:
+    """``messages`` inputs on the IN stream and a consumer started at ``from_seq``."""
     bus = BusClient(nc)
     await bus.ensure_streams()
-    await publish(bus, 30)
-    consumer = InputConsumer(nc, bus.js, stream="RC_IN", durable="c", batch=7, fetch_timeout_s=0.3)
-    await consumer.start(from_seq=11)
+    await publish(bus, messages)
+    consumer = InputConsumer(
+        nc, bus.js, stream="RC_IN", durable="c", batch=batch, fetch_timeout_s=fetch_timeout_s
+    )
+    await consumer.start(from_seq=from_seq)
+    return bus, consumer
+
+
+async def test_deliveries_come_in_order_from_the_start_sequence(nc: Client) -> None:
+    _, consumer = await started_consumer(nc, messages=30, batch=7, from_seq=11, fetch_timeout_s=0.3)
     seqs: list[int] = []
     while len(seqs) < 20:
         got = await consumer.fetch()
@@ -70,11 +80,7 @@ async def test_deliveries_come_in_order_from_the_start_sequence(nc: Client) -> N
 
 
 async def test_the_next_batches_are_requested_before_the_caller_asks(nc: Client) -> None:
-    bus = BusClient(nc)
-    await bus.ensure_streams()
-    await publish(bus, 40)
-    consumer = InputConsumer(nc, bus.js, stream="RC_IN", durable="c", batch=5, fetch_timeout_s=1)
-    await consumer.start(from_seq=1)
+    _, consumer = await started_consumer(nc, messages=40, batch=5, from_seq=1, fetch_timeout_s=1)
     first = await consumer.fetch()
     assert first and first[0].stream_seq == 1
     # while the caller holds (and never acks) what it took, LOOKAHEAD batches come in
@@ -100,11 +106,7 @@ async def test_the_consumer_restarts_itself_after_a_reconnect(
 ) -> None:
     if not nats_server.supports_faults:
         pytest.skip("the NATS server cannot be restarted here")
-    bus = BusClient(nc)
-    await bus.ensure_streams()
-    await publish(bus, 5)
-    consumer = InputConsumer(nc, bus.js, stream="RC_IN", durable="c", batch=3, fetch_timeout_s=0.3)
-    await consumer.start(from_seq=1)
+    bus, consumer = await started_consumer(nc, messages=5, batch=3, from_seq=1, fetch_timeout_s=0.3)
     got = await consumer.fetch()
     assert [d.stream_seq for d in got] == [1, 2, 3]  # taken, never acked
     async with expect_reconnect(nc):

@@ -227,9 +227,9 @@ class InputConsumer:
         try:
             await self._pull_ahead()
             return await self._in_order(msgs)
-        except Exception as exc:  # the pull or the gap check could not reach the server
-            self._log.warning("consumer.order_check_failed", error=repr(exc))
-            self._broken = "order check failed"
+        except Exception as exc:  # the next pull, or the gap check, could not reach NATS
+            self._log.warning("consumer.fetch_failed", error=repr(exc), at_seq=self._next_seq)
+            self._broken = f"fetch failed: {exc!r}"
             return []
 
     @property
