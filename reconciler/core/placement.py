@@ -128,11 +128,19 @@ class Booking:
     used_gpus: frozenset[int]
 
 
+def _booked(state: State, host: Host) -> tuple[int, int, int]:
+    """Booked CPU, memory and disk: every lease that books capacity, plus foreign
+    instances (what :func:`booking` counts, without the objects)."""
+    row = state.booked.get(host.name)
+    foreign = host.foreign_demand
+    if row is None:
+        return foreign.cpu, foreign.memory_mib, foreign.disk_gib
+    return row[0] + foreign.cpu, row[1] + foreign.memory_mib, row[2] + foreign.disk_gib
+
+
 def booking(state: State, host: Host, *, without: Iterable[Lease] = ()) -> Booking:
     """Booked capacity: every lease that books capacity, plus foreign instances."""
-    row = state.booked.get(host.name) or (0, 0, 0)
-    foreign = host.foreign_demand
-    cpu, mem, disk = row[0] + foreign.cpu, row[1] + foreign.memory_mib, row[2] + foreign.disk_gib
+    cpu, mem, disk = _booked(state, host)
     held = state.gpus_held.get(host.name)
     if not without:
         used = set(held) if held else set()
@@ -203,6 +211,9 @@ def _selected(labels: dict[str, str], selector: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
+_NO_GPUS: frozenset[int] = frozenset()
+
+
 @dataclass(frozen=True, slots=True)
 class HostFit:
     host: Host
@@ -238,8 +249,8 @@ def evaluate(
         cap.memory_mib - rsv.memory_mib,
         cap.disk_gib - rsv.disk_gib,
     )
-    wants_gpus = any(c.gpu is not None for c in claims)
-    every_gpu = frozenset(g.index for g in host.gpus) if wants_gpus else frozenset()
+    wants_gpus = bool(claims) and any(c.gpu is not None for c in claims)
+    every_gpu = frozenset(g.index for g in host.gpus) if wants_gpus else _NO_GPUS
     if (
         demand.cpu > a_cpu
         or demand.memory_mib > a_mem
@@ -247,15 +258,19 @@ def evaluate(
         or (wants_gpus and assign_gpus(host, claims, every_gpu) is None)
     ):
         return HostFit(host, Fit.STRUCTURE)
-    book = booking(state, host, without=without)
-    booked = book.booked
-    l_cpu = a_cpu - booked.cpu - demand.cpu
-    l_mem = a_mem - booked.memory_mib - demand.memory_mib
-    l_disk = a_disk - booked.disk_gib - demand.disk_gib
+    # the common case (no GPUs, nothing set aside) needs the booked scalars only
+    book = booking(state, host, without=without) if without or wants_gpus else None
+    if book is not None:
+        b_cpu, b_mem, b_disk = book.booked.cpu, book.booked.memory_mib, book.booked.disk_gib
+    else:
+        b_cpu, b_mem, b_disk = _booked(state, host)
+    l_cpu = a_cpu - b_cpu - demand.cpu
+    l_mem = a_mem - b_mem - demand.memory_mib
+    l_disk = a_disk - b_disk - demand.disk_gib
     if l_cpu < 0 or l_mem < 0 or l_disk < 0:
         return HostFit(host, Fit.CAPACITY)
     gpus: tuple[int, ...] = ()
-    if wants_gpus:
+    if book is not None and wants_gpus:
         assigned = assign_gpus(host, claims, every_gpu - book.used_gpus)
         if assigned is None:
             return HostFit(host, Fit.CAPACITY)
@@ -265,15 +280,15 @@ def evaluate(
 
 def _room(fit: HostFit) -> float:
     """Free fraction left after placing, summed over the dimensions the host has."""
-    alloc = fit.host.allocatable
+    cap, rsv, left = fit.host.capacity, fit.host.reserve, fit.left
     total = 0.0
-    for left, have in (
-        (fit.left.cpu, alloc.cpu),
-        (fit.left.memory_mib, alloc.memory_mib),
-        (fit.left.disk_gib, alloc.disk_gib),
+    for free, have in (
+        (left.cpu, cap.cpu - rsv.cpu),
+        (left.memory_mib, cap.memory_mib - rsv.memory_mib),
+        (left.disk_gib, cap.disk_gib - rsv.disk_gib),
     ):
         if have > 0:
-            total += left / have
+            total += free / have
     return total
 
 
