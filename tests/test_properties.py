@@ -273,7 +273,7 @@ def derived(state: State) -> dict[str, Any]:
     return {
         "by_instance": dict(state.by_instance),
         "on_host": {k: set(v) for k, v in state.on_host.items() if v},
-        "in_pool": {k: set(v) for k, v in state.in_pool.items() if v},
+        "pool_counts": {k: dict(v) for k, v in state.pool_counts.items() if v},
         "booked": {k: list(v) for k, v in state.booked.items() if any(v)},
         "gpus_held": {k: dict(v) for k, v in state.gpus_held.items() if v},
         "pool_booking": {k: v for k, v in state.pool_booking.items() if v},
@@ -282,6 +282,31 @@ def derived(state: State) -> dict[str, Any]:
         "pool_booting": {k: set(v) for k, v in state.pool_booting.items() if v},
         "host_order": list(state.host_order),
     }
+
+
+def scanned_pool_counts(state: State) -> dict[str, dict[str, int]]:
+    """A pool status's lease counts by a scan of every lease (the test's own rules:
+    CONTRACT.md's pool status, DESIGN "Leases"), no zero counts."""
+    counts: dict[str, dict[str, int]] = {}
+    for lease in state.leases.values():
+        if lease.state is LeaseState.RELEASED:
+            continue
+        if lease.gate_seq is not None:
+            key = "pending_requests"
+        elif lease.state in (LeaseState.VICTIM, LeaseState.DRAINING):
+            key = "victims" if lease.state is LeaseState.VICTIM else "draining"
+        elif lease.state in (LeaseState.CLAIMED, LeaseState.INJECTED):
+            key = "claimed"
+        elif lease.kind is LeaseKind.WARM and lease.state in (
+            LeaseState.RESERVED,
+            LeaseState.CREATED,
+        ):
+            key = "booting"
+        else:
+            continue
+        pool = counts.setdefault(lease.pool, {})
+        pool[key] = pool.get(key, 0) + 1
+    return counts
 
 
 def out_tuples(fx: Effects) -> list[tuple[str, str | None, bytes]]:
@@ -515,6 +540,7 @@ class Run:
             assert digest(s, with_seq=False) == pre["digest"], "a rejected config changed state"
             self.seen["config-rejected"] += 1
         assert derived(s) == derived(rebuilt(s)), "derived indexes drifted from a reindex"
+        assert derived(s)["pool_counts"] == scanned_pool_counts(s), "pool counts drifted"
         # re-folding an applied message is a no-op with no outputs
         whole = digest(s)
         again = fold(s, msg)

@@ -156,7 +156,7 @@ PERSISTED = (
 DERIVED = (
     "by_instance",
     "on_host",
-    "in_pool",
+    "pool_counts",
     "booked",
     "gpus_held",
     "pool_booking",

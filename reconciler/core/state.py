@@ -44,6 +44,30 @@ def is_idle_ready(lease: Lease) -> bool:
     )
 
 
+#: the counts of a pool's status (``out.status.pool.<pool>``) that follow its leases
+POOL_COUNTS = ("booting", "claimed", "draining", "victims", "pending_requests")
+
+
+def pool_count_of(lease: Lease) -> str | None:
+    """Which of :data:`POOL_COUNTS` an active lease adds to, if any: ``pending_requests``
+    while it waits at a launch gate, else by its state (warm VMs reserved or created
+    are ``booting``)."""
+    if lease.gate_seq is not None:
+        return "pending_requests"
+    state = lease.state
+    if state is LeaseState.VICTIM:
+        return "victims"
+    if state is LeaseState.DRAINING:
+        return "draining"
+    if state is LeaseState.CLAIMED or state is LeaseState.INJECTED:
+        return "claimed"
+    if lease.kind is LeaseKind.WARM and (
+        state is LeaseState.RESERVED or state is LeaseState.CREATED
+    ):
+        return "booting"
+    return None
+
+
 def is_booting_warm(lease: Lease) -> bool:
     """A warm VM admitted and not ready yet: reserved or created, past its gate."""
     return (
@@ -140,8 +164,9 @@ class State:
     by_instance: dict[InstanceName, LeaseId] = field(default_factory=dict)
     #: host -> lease ids of active leases there
     on_host: dict[HostName, set[LeaseId]] = field(default_factory=dict)
-    #: pool -> lease ids of active leases of the pool
-    in_pool: dict[PoolName, set[LeaseId]] = field(default_factory=dict)
+    #: pool -> its active leases counted by :func:`pool_count_of` (no zero counts), so a
+    #: pool's status is a lookup, not a scan of every lease the pool holds
+    pool_counts: dict[PoolName, dict[str, int]] = field(default_factory=dict)
     #: host -> [cpu, memory_mib, disk_gib] booked by leases (foreign instances apart)
     booked: dict[HostName, list[int]] = field(default_factory=dict)
     #: host -> GPU index -> how many capacity-booking leases hold it (1 unless broken)
@@ -162,7 +187,7 @@ class State:
     def reindex(self) -> None:
         self.by_instance = {}
         self.on_host = {}
-        self.in_pool = {}
+        self.pool_counts = {}
         self.booked = {}
         self.gpus_held = {}
         self.pool_booking = {}
@@ -189,10 +214,16 @@ class State:
         self.candidates.touch(lease.host)
         if sign > 0:
             self.on_host.setdefault(lease.host, set()).add(lid)
-            self.in_pool.setdefault(lease.pool, set()).add(lid)
         else:
             self.on_host[lease.host].discard(lid)
-            self.in_pool[lease.pool].discard(lid)
+        counted = pool_count_of(lease)
+        if counted is not None:
+            counts = self.pool_counts.setdefault(lease.pool, {})
+            n = counts.get(counted, 0) + sign
+            if n:
+                counts[counted] = n
+            else:
+                del counts[counted]
         if lease.victim_of is None:
             row = self.booked.setdefault(lease.host, [0, 0, 0])
             d = lease.booked_demand
@@ -234,10 +265,6 @@ class State:
 
     def active_on_host(self, host: HostName) -> list[Lease]:
         ids = self.on_host.get(host, ())
-        return [self.leases[i] for i in sorted(ids)]
-
-    def active_in_pool(self, pool: PoolName) -> list[Lease]:
-        ids = self.in_pool.get(pool, ())
         return [self.leases[i] for i in sorted(ids)]
 
     def booting_in_pool(self, pool: PoolName) -> list[Lease]:

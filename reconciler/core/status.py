@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconciler.core.model import HostName, LeaseKind, LeaseState, PoolName
+from reconciler.core.model import HostName, PoolName
 from reconciler.core.placement import booking
-from reconciler.core.state import State
+from reconciler.core.state import POOL_COUNTS, State
 
 __all__ = ["host_status", "pool_status", "warm_deficit"]
 
@@ -56,21 +56,8 @@ def pool_status(state: State, name: PoolName, *, as_of_seq: int) -> dict[str, An
     pool = state.pools.get(name)
     if pool is None:
         return None
-    counts = {"booting": 0, "claimed": 0, "draining": 0, "victims": 0, "pending_requests": 0}
-    for lease in state.active_in_pool(name):
-        if lease.gated:
-            counts["pending_requests"] += 1
-        elif lease.state is LeaseState.VICTIM:
-            counts["victims"] += 1
-        elif lease.state is LeaseState.DRAINING:
-            counts["draining"] += 1
-        elif lease.state in (LeaseState.CLAIMED, LeaseState.INJECTED):
-            counts["claimed"] += 1
-        elif lease.kind is LeaseKind.WARM and lease.state in (
-            LeaseState.RESERVED,
-            LeaseState.CREATED,
-        ):
-            counts["booting"] += 1
+    held = state.pool_counts.get(name, {})
+    counts = {count: held.get(count, 0) for count in POOL_COUNTS}
     return {
         "v": 1,
         "pool": name,
