@@ -101,6 +101,25 @@ async def test_the_next_batches_are_requested_before_the_caller_asks(nc: Client)
     await consumer.close()
 
 
+async def test_a_refused_pull_restarts_the_consumer_at_once(nc: Client) -> None:
+    bus, consumer = await started_consumer(nc, messages=2, batch=5, from_seq=1, fetch_timeout_s=5)
+    assert [d.stream_seq for d in await consumer.fetch()] == [1, 2]
+    # the durable is deleted under a waiting pull request (an operator, a bug): the
+    # server ends the request with 409 "Consumer Deleted"
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consumer.fetch)
+        await anyio.sleep(0.2)
+        await bus.js.delete_consumer("RC_IN", "c")
+    await publish(bus, 1)
+    with anyio.fail_after(3):  # not the watchdog's fetch_timeout_s + grace (10 s)
+        got = await consumer.fetch()
+        while not got:
+            got = await consumer.fetch()
+    assert [d.stream_seq for d in got] == [3]
+    assert consumer.restarts == 2
+    await consumer.close()
+
+
 async def test_the_consumer_restarts_itself_after_a_reconnect(
     nc: Client, nats_server: NatsServer
 ) -> None:

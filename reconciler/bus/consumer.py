@@ -31,8 +31,10 @@ Rules:
   already on their way while the caller folds a batch, never a round trip behind. A
   status reply (404, 408, 409) ends its request; the server says how many messages the
   request still owed (``Nats-Pending-Messages``), or, without that header, all are
-  taken as ended. The consumer's ``max_ack_pending`` leaves room for what the caller
-  holds unacknowledged (two batches folding, two committing) besides the lookahead.
+  taken as ended. A 409 (the durable deleted, leadership moved, a server limit) also
+  restarts the consumer at the next fetch, rather than after the watchdog's wait. The
+  consumer's ``max_ack_pending`` leaves room for what the caller holds unacknowledged
+  (two batches folding, two committing) besides the lookahead.
 """
 
 from __future__ import annotations
@@ -282,9 +284,11 @@ class InputConsumer:
         elif status in _REQUEST_OVER:
             headers = msg.headers or {}
             if status == "409":
-                self._log.info(
-                    "consumer.pull_ended", status=status, description=headers.get("Description")
-                )
+                # refused: the durable was deleted, leadership moved, a limit was hit;
+                # never the case in normal operation, and a restart mends each of them
+                description = headers.get("Description")
+                self._log.warning("consumer.pull_refused", status=status, description=description)
+                self._broken = self._broken or f"pull request refused: {description}"
             left = headers.get("Nats-Pending-Messages")
             self._owed = max(0, self._owed - int(left)) if left and left.isdigit() else 0
         self._arrived.set()
