@@ -128,8 +128,15 @@ async def test_the_consumer_restarts_itself_after_a_reconnect(
     bus, consumer = await started_consumer(nc, messages=5, batch=3, from_seq=1, fetch_timeout_s=0.3)
     got = await consumer.fetch()
     assert [d.stream_seq for d in got] == [1, 2, 3]  # taken, never acked
+    with anyio.fail_after(5):
+        while consumer.buffered < 2:  # noqa: ASYNC110 - the lookahead brings 4 and 5
+            await anyio.sleep(0.01)
     async with expect_reconnect(nc):
         nats_server.restart()
+    # what was buffered belongs to the broken stream: nothing looks ready to take, so a
+    # caller looping "while buffered: fetch_buffered()" cannot spin without yielding
+    assert consumer.buffered == 0
+    assert await consumer.fetch_buffered() == []
     await publish(bus, 1)
     seqs: list[int] = []
     while len(seqs) < 3:

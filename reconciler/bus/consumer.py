@@ -212,10 +212,7 @@ class InputConsumer:
         Never raises for trouble on the way (NATS unreachable, a restart refused): it
         logs, waits ``fetch_timeout_s`` and returns ``[]``, and the next call tries again.
         """
-        if self._broken is None and self._nc.stats["reconnects"] != self._reconnects_seen:
-            self._broken = "client reconnected"
-        needs_restart = self._broken is not None or self._sub is None
-        if needs_restart and not await self._restart(self._broken or "not started"):
+        if self._needs_restart() and not await self._restart(self._broken or "not started"):
             return []
         if not self._buffer:
             try:
@@ -236,16 +233,26 @@ class InputConsumer:
 
     @property
     def buffered(self) -> int:
-        """Deliveries received and not handed out yet."""
-        return len(self._buffer)
+        """Deliveries received and not handed out yet, that :meth:`fetch_buffered` can hand
+        out: 0 while the consumer needs a restart (those deliveries belong to a broken
+        stream, and :meth:`fetch` will drop them). A caller may rely on it: while this is
+        above 0, :meth:`fetch_buffered` hands something out or consumes the buffer, so a
+        loop on it cannot spin without progress."""
+        return 0 if self._needs_restart() else len(self._buffer)
+
+    def _needs_restart(self) -> bool:
+        """Whether the stream of deliveries broke (a failed fetch, a gap, a refused pull,
+        a reconnect of the client, which loses the pull requests) or never started."""
+        if self._broken is None and self._nc.stats["reconnects"] != self._reconnects_seen:
+            self._broken = "client reconnected"
+        return self._broken is not None or self._sub is None
 
     async def fetch_buffered(self) -> list[Delivery]:
         """What is buffered, in order from :attr:`next_seq`, without waiting: ``[]`` when
         nothing is. Asks the server for more as it hands deliveries out, so that they
         keep coming while the caller is busy. Never raises, like
         :meth:`fetch`; a consumer that needs a restart is left for :meth:`fetch`."""
-        reconnected = self._nc.stats["reconnects"] != self._reconnects_seen
-        if self._broken is not None or self._sub is None or reconnected:
+        if self._needs_restart():
             return []
         try:
             msgs = [self._buffer.popleft() for _ in range(min(self.batch, len(self._buffer)))]

@@ -244,6 +244,7 @@ class Caches:
     async def _reader(self, send: ObjectSendStream[FoldedBatch]) -> None:
         pending: FoldedBatch | None = None
         while not self._stop.is_set():
+            took_nothing = False
             if pending is None:
                 with anyio.CancelScope() as scope:
                     self._fetch_scope = scope
@@ -257,12 +258,15 @@ class Caches:
                 more = await self.consumer.fetch_buffered()
                 if more:
                     pending = await self._fold_more(pending, more)
+                took_nothing = not more
             if self._writer_waiting:
                 await self._hand_over(send, pending)
                 pending = None
                 continue
             self._reader_wake = anyio.Event()
-            more_to_take = self._may_grow(pending) and self.consumer.buffered
+            # Never loop again without awaiting something that yields: when nothing came of
+            # what looked buffered, wait for the writer or a delivery like when nothing is.
+            more_to_take = not took_nothing and self._may_grow(pending) and self.consumer.buffered
             if not self._writer_waiting and not more_to_take:
                 await self._reader_wake.wait()
         if pending is not None:  # stopping: the batch in hand is committed all the same
