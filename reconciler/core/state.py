@@ -208,14 +208,39 @@ class State:
 
     def _count(self, lease: Lease, sign: int) -> None:
         """Add (+1) or remove (-1) a lease's contribution to the derived indexes."""
-        if not lease.active:
-            return
-        lid = lease.lease_id
+        if lease.active:
+            self._count_host(lease, sign)
+            self._count_pool(lease, sign)
+
+    def _count_host(self, lease: Lease, sign: int) -> None:
+        """An active lease's share of its host: membership, and the capacity it books
+        (which placement reads, so the host is logged for the candidate index)."""
         self.candidates.touch(lease.host)
         if sign > 0:
-            self.on_host.setdefault(lease.host, set()).add(lid)
+            self.on_host.setdefault(lease.host, set()).add(lease.lease_id)
         else:
-            self.on_host[lease.host].discard(lid)
+            self.on_host[lease.host].discard(lease.lease_id)
+        if lease.victim_of is not None:
+            return
+        row = self.booked.setdefault(lease.host, [0, 0, 0])
+        d = lease.booked_demand
+        row[0] += sign * d.cpu
+        row[1] += sign * d.memory_mib
+        row[2] += sign * d.disk_gib
+        gpus = lease.booked_gpus
+        if gpus:
+            held = self.gpus_held.setdefault(lease.host, {})
+            for ix in gpus:
+                n = held.get(ix, 0) + sign
+                if n:
+                    held[ix] = n
+                else:
+                    held.pop(ix, None)
+        self.pool_booking[lease.pool] = self.pool_booking.get(lease.pool, 0) + sign
+
+    def _count_pool(self, lease: Lease, sign: int) -> None:
+        """An active lease's share of its pool's counts and warm indexes, which follow
+        its state (what :meth:`_count_host` counts does not)."""
         counted = pool_count_of(lease)
         if counted is not None:
             counts = self.pool_counts.setdefault(lease.pool, {})
@@ -224,40 +249,34 @@ class State:
                 counts[counted] = n
             else:
                 del counts[counted]
-        if lease.victim_of is None:
-            row = self.booked.setdefault(lease.host, [0, 0, 0])
-            d = lease.booked_demand
-            row[0] += sign * d.cpu
-            row[1] += sign * d.memory_mib
-            row[2] += sign * d.disk_gib
-            gpus = lease.booked_gpus
-            if gpus:
-                held = self.gpus_held.setdefault(lease.host, {})
-                for ix in gpus:
-                    n = held.get(ix, 0) + sign
-                    if n:
-                        held[ix] = n
-                    else:
-                        held.pop(ix, None)
-            self.pool_booking[lease.pool] = self.pool_booking.get(lease.pool, 0) + sign
-            if lease.kind is LeaseKind.WARM and lease.state in WARM_UNCLAIMED:
-                self.pool_warm_unclaimed[lease.pool] = (
-                    self.pool_warm_unclaimed.get(lease.pool, 0) + sign
-                )
-            if is_idle_ready(lease):
-                _member(self.pool_ready, lease.pool, lid, sign)
-            elif is_booting_warm(lease):
-                _member(self.pool_booting, lease.pool, lid, sign)
+        if lease.victim_of is not None:
+            return
+        if lease.kind is LeaseKind.WARM and lease.state in WARM_UNCLAIMED:
+            self.pool_warm_unclaimed[lease.pool] = (
+                self.pool_warm_unclaimed.get(lease.pool, 0) + sign
+            )
+        if is_idle_ready(lease):
+            _member(self.pool_ready, lease.pool, lease.lease_id, sign)
+        elif is_booting_warm(lease):
+            _member(self.pool_booting, lease.pool, lease.lease_id, sign)
 
     def put_lease(self, lease: Lease) -> None:
-        """Store a lease and keep the derived indexes in step."""
+        """Store a lease and keep the derived indexes in step.
+
+        Most updates move an active lease from one state to the next on the same host,
+        booking the same: then only the pool's counts change, and the host is not
+        logged for placement to evaluate again."""
         old = self.leases.get(lease.lease_id)
-        if old is not None:
-            self._count(old, -1)
         self.leases[lease.lease_id] = lease
         if old is None:
             self.by_instance[lease.instance] = lease.lease_id
-        self._count(lease, +1)
+            self._count(lease, +1)
+        elif old.active and lease.active and _books_alike(old, lease):
+            self._count_pool(old, -1)
+            self._count_pool(lease, +1)
+        else:
+            self._count(old, -1)
+            self._count(lease, +1)
 
     def lease_of_instance(self, instance: str) -> Lease | None:
         lease_id = self.by_instance.get(InstanceName(instance))
@@ -271,6 +290,17 @@ class State:
         """The pool's booting warm leases (:func:`is_booting_warm`) that book capacity."""
         ids = self.pool_booting.get(pool, ())
         return [self.leases[i] for i in sorted(ids)]
+
+
+def _books_alike(a: Lease, b: Lease) -> bool:
+    """Whether two active leases add the same to their host's indexes (on_host, booked,
+    gpus_held, pool_booking): same lease, host and pool, both booking or both promised
+    away, the same demand and GPUs booked."""
+    if a.host != b.host or a.pool != b.pool or (a.victim_of is None) != (b.victim_of is None):
+        return False
+    return a.victim_of is not None or (
+        a.booked_demand == b.booked_demand and a.booked_gpus == b.booked_gpus
+    )
 
 
 def _member(index: dict[PoolName, set[LeaseId]], pool: PoolName, lid: LeaseId, sign: int) -> None:
