@@ -317,6 +317,21 @@ async def test_an_encoded_batch_is_a_snapshot(tmp_path: Path) -> None:
         assert_same_state(await store.load_state(), state)
 
 
+async def test_lease_changes_rewrite_no_host_or_pool_row(tmp_path: Path) -> None:
+    """A lease changing touches its host and pool (their status may change) but not
+    their entities: the batch carries no host or pool row, and the state reloads whole."""
+    state, fx = folded(MESSAGES[:16])
+    more = fold_batch(state, MESSAGES[16:21])  # warm VMs ready, one claimed and injected
+    assert more.hosts == {HostName("h2")} and more.pools == {PoolName("warm")}
+    assert not more.host_rows and not more.pool_rows
+    statements = [statement for statement, _ in encode_batch(state, more, applied_seq=21).writes]
+    assert not [s for s in statements if "INTO hosts " in s or "INTO pools " in s]
+    async with await Store.open(tmp_path / "rc.db") as store:
+        assert await store.commit(folded(MESSAGES[:16])[0], fx, applied_seq=16)
+        assert await store.commit(state, more, applied_seq=21)
+        assert_same_state(await store.load_state(), state)
+
+
 async def test_the_database_is_wal_with_synchronous_normal(tmp_path: Path) -> None:
     db = tmp_path / "rc.db"
     async with await Store.open(db) as store:
@@ -375,16 +390,17 @@ async def test_entities_absent_from_the_state_are_deleted(tmp_path: Path) -> Non
     async with await Store.open(tmp_path / "rc.db") as store:
         assert await store.commit(state, fx, applied_seq=30)
         gone = Effects(
-            hosts={HostName("h1")},
-            pools={PoolName("gpu")},
+            host_rows={HostName("h1")},
+            pool_rows={PoolName("gpu")},
             classes={ClassName("a100")},
             profiles={"a100-default"},
             policies={"mig-on-a"},
             leases={LeaseId("L22")},
             decisions={RequestId("g1")},
         )
+        named = {"hosts": "host_rows", "pools": "pool_rows"}
         for attr in ("hosts", "pools", "classes", "profiles", "policies", "leases", "decisions"):
-            for key in getattr(gone, attr):
+            for key in getattr(gone, named.get(attr, attr)):
                 del getattr(state, attr)[key]
         del state.jobs[JobId("job-g")]  # the job of lease L22
         state.reindex()

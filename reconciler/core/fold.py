@@ -351,6 +351,7 @@ class _Step:
         )
         self.state.put_host(host)
         self.fx.hosts.add(snap.host)
+        self.fx.host_rows.add(snap.host)
         if base.gpus != host.gpus:
             self._resolve_adopted_gpus(host)
         self.check_gates(snap.host)
@@ -409,6 +410,7 @@ class _Step:
         )
         self.state.put_host(host)
         self.fx.hosts.add(inv.host)
+        self.fx.host_rows.add(inv.host)
         for lease in self.state.active_on_host(inv.host):
             if (
                 lease.lease_id not in seen
@@ -553,6 +555,7 @@ class _Step:
             seq=self.seq,
         )
         self.fx.pools.add(cfg.pool)
+        self.fx.pool_rows.add(cfg.pool)
 
     def on_class(self, cfg: ev.ClassConfig) -> None:
         gpu = cfg.gpu

@@ -121,8 +121,14 @@ class Effects:
 
     outputs: list[Output] = field(default_factory=list)
     transitions: list[Transition] = field(default_factory=list)
+    #: hosts and pools whose status may have changed: their own entity, or a lease on
+    #: them (what status publishing and the warm top-up look at)
     hosts: set[HostName] = field(default_factory=set)
     pools: set[PoolName] = field(default_factory=set)
+    #: hosts and pools whose own entity changed (snapshot, inventory, config): the rows
+    #: the store rewrites. A lease changing does not change them.
+    host_rows: set[HostName] = field(default_factory=set)
+    pool_rows: set[PoolName] = field(default_factory=set)
     classes: set[ClassName] = field(default_factory=set)
     profiles: set[str] = field(default_factory=set)
     policies: set[str] = field(default_factory=set)
@@ -136,6 +142,8 @@ class Effects:
         self.transitions.extend(other.transitions)
         self.hosts |= other.hosts
         self.pools |= other.pools
+        self.host_rows |= other.host_rows
+        self.pool_rows |= other.pool_rows
         self.classes |= other.classes
         self.profiles |= other.profiles
         self.policies |= other.policies

@@ -58,12 +58,14 @@ from reconciler.store.transactions import (
 from reconciler.store.writer import WriterProcess
 
 #: (State/Effects attribute, table, entity class) of the entities keyed by name
-_NAMED: tuple[tuple[str, str, type[Any]], ...] = (
-    ("hosts", "hosts", Host),
-    ("pools", "pools", Pool),
-    ("classes", "classes", ResourceClass),
-    ("profiles", "gpu_profiles", GpuProfile),
-    ("policies", "gpu_policies", GpuPolicy),
+#: the named entities: (``State`` attribute, ``Effects`` attribute naming the changed
+#: ones, table, class)
+_NAMED: tuple[tuple[str, str, str, type[Any]], ...] = (
+    ("hosts", "host_rows", "hosts", Host),
+    ("pools", "pool_rows", "pools", Pool),
+    ("classes", "classes", "classes", ResourceClass),
+    ("profiles", "profiles", "gpu_profiles", GpuProfile),
+    ("policies", "policies", "gpu_policies", GpuPolicy),
 )
 
 _UPSERT_NAMED = (
@@ -140,18 +142,19 @@ class Batch:
 def encode_batch(
     state: State, fx: Effects, *, applied_seq: int, extra_outputs: Sequence[Output] = ()
 ) -> Batch:
-    """The rows of one batch: every entity ``fx`` names, read from ``state`` (deleted
-    when ``state`` no longer has it), its transitions, its outputs then
-    ``extra_outputs`` for the outbox, and the position ``applied_seq``."""
+    """The rows of one batch: every entity ``fx`` names as changed (hosts and pools by
+    ``host_rows`` and ``pool_rows``: a lease on them changes nothing of their rows), read
+    from ``state`` (deleted when ``state`` no longer has it), its transitions, its
+    outputs then ``extra_outputs`` for the outbox, and the position ``applied_seq``."""
     writes: list[tuple[str, tuple[tuple[Any, ...], ...]]] = []
 
     def add(statement: str, rows: list[tuple[Any, ...]]) -> None:
         if rows:
             writes.append((statement, tuple(rows)))
 
-    for attr, table, _ in _NAMED:
+    for attr, changed, table, _ in _NAMED:
         source: dict[Any, Any] = getattr(state, attr)
-        touched: Iterable[str] = sorted(getattr(fx, attr))
+        touched: Iterable[str] = sorted(getattr(fx, changed))
         upserts: list[tuple[Any, ...]] = []
         deletes: list[tuple[Any, ...]] = []
         for name in touched:
@@ -419,7 +422,7 @@ class Store(Database):
             await conn.execute("BEGIN")
             try:
                 state = State(applied_seq=await self._applied_seq(conn))
-                for attr, table, cls in _NAMED:
+                for attr, _, table, cls in _NAMED:
                     target: dict[Any, Any] = getattr(state, attr)
                     sql = f"SELECT name, data FROM {table} ORDER BY name"
                     for name, data in await conn.execute_fetchall(sql):
