@@ -1,8 +1,9 @@
 """The SQLite store: folded state, lease journal, outbox and stream position.
 
 One batch of folded inputs is one ``BEGIN IMMEDIATE … COMMIT`` (DESIGN.md, principle 3):
-the rows of every entity the batch touched (read from the state; a touched entity that
-is no longer in the state is deleted), the journal of its lease transitions, its outputs
+the rows of every entity the batch changed (read from the state; a changed entity that
+is no longer in the state is deleted; a lease changing does not change its host's or
+pool's row), the journal of its lease transitions, its outputs
 in the outbox, and the applied stream sequence. The position only moves forward: a batch
 at or below it writes nothing and :meth:`Store.commit` returns ``False``, which is what
 makes a redelivered batch harmless.
