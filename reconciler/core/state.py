@@ -301,9 +301,9 @@ class State:
 
 
 def _books_alike(a: Lease, b: Lease) -> bool:
-    """Whether two active leases add the same to their host's indexes (on_host, booked,
-    gpus_held, pool_booking): same lease, host and pool, both booking or both promised
-    away, the same demand and GPUs booked."""
+    """Whether two versions of an active lease add the same to their host's indexes
+    (on_host, booked, gpus_held, pool_booking): same host and pool, both booking or both
+    promised away, and when booking, the same demand and GPUs."""
     if a.host != b.host or a.pool != b.pool or (a.victim_of is None) != (b.victim_of is None):
         return False
     return a.victim_of is not None or (

@@ -3,10 +3,10 @@
 One batch of folded inputs is one ``BEGIN IMMEDIATE … COMMIT`` (DESIGN.md, principle 3):
 the rows of every entity the batch changed (read from the state; a changed entity that
 is no longer in the state is deleted; a lease changing does not change its host's or
-pool's row), the journal of its lease transitions, its outputs
-in the outbox, and the applied stream sequence. The position only moves forward: a batch
-at or below it writes nothing and :meth:`Store.commit` returns ``False``, which is what
-makes a redelivered batch harmless.
+pool's row), the journal of its lease transitions, its outputs in the outbox, and the
+applied stream sequence. The position only moves forward: a batch at or below it
+writes nothing and :meth:`Store.commit` returns ``False``, which is what makes a
+redelivered batch harmless.
 
 Rules of this module:
 
@@ -58,9 +58,8 @@ from reconciler.store.transactions import (
 )
 from reconciler.store.writer import WriterProcess
 
-#: (State/Effects attribute, table, entity class) of the entities keyed by name
-#: the named entities: (``State`` attribute, ``Effects`` attribute naming the changed
-#: ones, table, class)
+#: the entities keyed by name: (``State`` attribute, ``Effects`` attribute naming the
+#: changed ones, table, entity class)
 _NAMED: tuple[tuple[str, str, str, type[Any]], ...] = (
     ("hosts", "host_rows", "hosts", Host),
     ("pools", "pool_rows", "pools", Pool),
