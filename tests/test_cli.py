@@ -3,6 +3,7 @@ metrics, health), then ``replay``, ``audit`` and ``status`` on what it did."""
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import signal
@@ -19,6 +20,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
+from reconciler.cli.gc_policy import DEFAULT_GC_THRESHOLD, apply_gc_threshold
 from reconciler.cli.main import cli
 from reconciler.store.sqlite import Store
 from tests import builders as b
@@ -126,6 +128,8 @@ def test_run_serves_metrics_and_health_and_stops_gracefully_on_sigterm(
     assert process.stop() == 0
     events = [line["event"] for line in process.lines()]
     assert "replica.stopped" in events and "leader.resigned" in events
+    gc_lines = [line for line in process.lines() if line["event"] == "gc.thresholds"]
+    assert [line["thresholds"][0] for line in gc_lines] == [DEFAULT_GC_THRESHOLD]
     decisions = [line for line in process.lines() if line["event"] == "decision"]
     assert {d["request_id"]: d["outcome"] for d in decisions} == {
         "r1": "admitted",
@@ -241,12 +245,27 @@ def test_options_are_validated_and_documented() -> None:
         ("--log-format", "RC_LOG_FORMAT"),
         ("--metrics-addr", "RC_METRICS_ADDR"),
         ("--tls-ca", "RC_TLS_CA"),
+        ("--gc-threshold", "RC_GC_THRESHOLD"),
     ):
         assert option in run_help and env in run_help
     bad = runner.invoke(cli, ["run", "--leader-ttl", "0"])
     assert bad.exit_code == 2 and "--leader-ttl" in bad.output
     bad = runner.invoke(cli, ["run", "--replica", "no spaces please"])
     assert bad.exit_code == 2 and "replica name" in bad.output
+    bad = runner.invoke(cli, ["run", "--gc-threshold", "-1"])
+    assert bad.exit_code == 2 and "--gc-threshold" in bad.output
+
+
+def test_the_gc_threshold_sets_the_youngest_generation_only() -> None:
+    before = gc.get_threshold()
+    try:
+        assert apply_gc_threshold(0) == before
+        assert apply_gc_threshold(12_345) == (12_345, *before[1:])
+        with pytest.raises(ValueError, match="threshold"):
+            apply_gc_threshold(-1)
+        assert gc.get_threshold() == (12_345, *before[1:])
+    finally:
+        gc.set_threshold(*before)
 
 
 def test_the_demo_runs_the_story_and_replays_it(tmp_path: Path) -> None:

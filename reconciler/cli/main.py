@@ -10,9 +10,11 @@ from typing import Any
 import anyio
 import click
 import orjson
+import structlog
 
 from reconciler.bus.embedded import NatsServerNotFound
 from reconciler.cli.audit import audit_lines
+from reconciler.cli.gc_policy import apply_gc_threshold
 from reconciler.cli.logs import LOG_LEVELS, configure_logging
 from reconciler.cli.options import (
     bus_options,
@@ -128,6 +130,8 @@ def run(**kwargs: Any) -> None:
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+    thresholds = apply_gc_threshold(kwargs["gc_threshold"])
+    structlog.get_logger("reconciler").debug("gc.thresholds", thresholds=list(thresholds))
     try:
         anyio.run(
             lambda: run_until_signalled(

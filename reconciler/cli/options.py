@@ -18,6 +18,7 @@ import click
 import orjson
 
 from reconciler.bus.connection import DEFAULT_NATS_URL, ConnectOptions, parse_urls
+from reconciler.cli.gc_policy import DEFAULT_GC_THRESHOLD
 from reconciler.cli.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from reconciler.incus.endpoints import IncusEndpoint, endpoints_from_fleet_file
 
@@ -172,6 +173,15 @@ def run_options(f: F) -> F:
             _option(
                 "metrics-addr",
                 help="HOST:PORT for Prometheus /metrics, /healthz and /readyz (off when unset).",
+            ),
+            _option(
+                "gc-threshold",
+                type=click.IntRange(min=0),
+                default=DEFAULT_GC_THRESHOLD,
+                show_default=True,
+                help="Allocations between two collections of the garbage collector's youngest "
+                "generation; CPython's 700 costs the fold about 7 % of its CPU and 100 ms "
+                "pauses once the state is large (0 keeps the interpreter's).",
             ),
         ],
     )
