@@ -125,6 +125,8 @@ def test_run_serves_metrics_and_health_and_stops_gracefully_on_sigterm(
     assert re.search(r'^rc_dead_letters_total\{reason="decode"\} 1\.0$', text, re.M)
     assert re.search(r"^rc_decisions_total 4\.0$", text, re.M)
     assert re.search(r"^rc_leader 1\.0$", text, re.M)
+    assert re.search(r"^process_resident_memory_bytes [0-9.e+]+$", text, re.M)
+    assert re.search(r'^python_gc_collections_total\{generation="0"\} ', text, re.M)
     assert process.stop() == 0
     events = [line["event"] for line in process.lines()]
     assert "replica.stopped" in events and "leader.resigned" in events

@@ -6,6 +6,9 @@ Rules:
   query responder keep plain counters, and :class:`RuntimeCollector` reads them when
   ``/metrics`` is scraped. Each runtime has its own registry, so several replicas can
   live in one process (tests) without sharing series.
+- ``/metrics`` also has the process's own series (``process_resident_memory_bytes``,
+  ``process_cpu_seconds_total``…) and the garbage collector's (``python_gc_*``); with
+  ``--store-writer process`` the writer child's memory is not in them.
 - ``/healthz`` answers 200 while the event loop runs; ``/readyz`` answers 200 once the
   caches are synced and 503 before, with the health document as JSON in both cases.
 """
@@ -18,7 +21,7 @@ from typing import Any, Protocol
 import orjson
 import structlog
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, GCCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -99,6 +102,10 @@ class MetricsServer:
         self.host, self.port = parse_addr(addr)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(RuntimeCollector(runtime))
+        # the process's own: resident memory, CPU seconds, open files (process_*), and
+        # the garbage collector's collections by generation (python_gc_*)
+        ProcessCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         self._health = health
         self._runner: web.AppRunner | None = None
 
