@@ -8,6 +8,7 @@ host name from being passed where a lease id is expected.
 from __future__ import annotations
 
 import enum
+import operator
 from dataclasses import dataclass, field, fields
 from typing import Any, NewType
 
@@ -349,18 +350,26 @@ TAG_JOB = "user.rc.job"
 
 
 _LEASE_FIELDS = tuple(f.name for f in fields(Lease))
-_LEASE_FIELD_SET = frozenset(_LEASE_FIELDS)
+_LEASE_INDEX = {name: i for i, name in enumerate(_LEASE_FIELDS)}
+#: every field's value in one call (a tuple, in field order)
+_lease_values = operator.attrgetter(*_LEASE_FIELDS)
+#: the slots' own setters, in field order (what ``object.__setattr__`` ends up calling)
+_LEASE_SETTERS = tuple(Lease.__dict__[name].__set__ for name in _LEASE_FIELDS)
 
 
 def evolve_lease(lease: Lease, /, **changes: Any) -> Lease:
     """A copy of ``lease`` with ``changes``: :func:`dataclasses.replace` for the fold's
-    most frequent copy, at about half its cost. It sets the fields directly, which is
-    what the generated ``__init__`` does, since :class:`Lease` has neither a
-    ``__post_init__`` nor an ``init=False`` field (a test keeps it so)."""
-    unknown = changes.keys() - _LEASE_FIELD_SET
-    if unknown:
-        raise TypeError(f"Lease has no field {sorted(unknown)[0]!r}")
+    most frequent copy, at about a third of its cost. It reads every field in one call
+    and writes each slot through its own setter, which is what the generated
+    ``__init__`` does, since :class:`Lease` has neither a ``__post_init__`` nor an
+    ``init=False`` field (a test keeps it so)."""
+    values = list(_lease_values(lease))
+    for name, value in changes.items():
+        index = _LEASE_INDEX.get(name)
+        if index is None:
+            raise TypeError(f"Lease has no field {name!r}")
+        values[index] = value
     new = object.__new__(Lease)
-    for name in _LEASE_FIELDS:
-        object.__setattr__(new, name, changes[name] if name in changes else getattr(lease, name))
+    for setter, value in zip(_LEASE_SETTERS, values, strict=True):
+        setter(new, value)
     return new
