@@ -406,8 +406,8 @@ def mixed_workload(
             name = _take(rng, claimed)
             fleet.send(b.cmd("mark-warm-injected", rid, job=jobs[name], instance=name))
             injected.append(name)
-        elif roll < 0.80 and (name := still_reserved()) is not None:
-            fleet.send(b.cmd("mark-created", rid, instance=name))
+        elif roll < 0.80 and (created := still_reserved()) is not None:
+            fleet.send(b.cmd("mark-created", rid, instance=created))
         elif cold or injected:
             pool = cold if (rng.random() < 0.7 or not injected) and cold else injected
             name = _take(rng, pool)
@@ -1182,7 +1182,7 @@ def machine() -> dict[str, Any]:
     mem = None
     with contextlib.suppress(OSError, AttributeError, ValueError):
         match = re.search(r"^MemTotal:\s*(\d+)", Path("/proc/meminfo").read_text(), re.M)
-        mem = round(int(match.group(1)) / 1024) if match else None  # type: ignore[union-attr]
+        mem = round(int(match.group(1)) / 1024) if match else None
     return {
         "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
