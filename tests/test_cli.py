@@ -132,6 +132,8 @@ def test_run_serves_metrics_and_health_and_stops_gracefully_on_sigterm(
     assert "replica.stopped" in events and "leader.resigned" in events
     gc_lines = [line for line in process.lines() if line["event"] == "gc.thresholds"]
     assert [line["thresholds"][0] for line in gc_lines] == [DEFAULT_GC_THRESHOLD]
+    frozen = [line for line in process.lines() if line["event"] == "gc.frozen"]
+    assert len(frozen) == 1 and frozen[0]["objects"] > 0 and frozen[0]["leases"] == 0
     decisions = [line for line in process.lines() if line["event"] == "decision"]
     assert {d["request_id"]: d["outcome"] for d in decisions} == {
         "r1": "admitted",

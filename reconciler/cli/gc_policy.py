@@ -15,7 +15,11 @@ Rules:
   move: the state's objects are freed by reference counting, never by the collector
   (frozen dataclasses of strings, numbers and tuples form no cycles), so a larger young
   generation only means fewer passes over the same live objects.
-- ``0`` keeps the interpreter's own thresholds.
+- With a threshold, the replica also freezes what it loaded from its store
+  (``RunConfig.freeze_loaded_state``): a full collection over 100,000 loaded leases
+  takes about 100 ms, and frozen objects are never scanned again. They form no cycles,
+  so nothing that dies later is kept by the freeze.
+- ``0`` keeps the interpreter's own behaviour: its thresholds, nothing frozen.
 """
 
 from __future__ import annotations

@@ -127,6 +127,7 @@ def run(**kwargs: Any) -> None:
             warm_boot_timeout_s=kwargs["warm_boot_timeout"],
             leader_ttl_s=kwargs["leader_ttl"],
             metrics_addr=kwargs["metrics_addr"],
+            freeze_loaded_state=kwargs["gc_threshold"] > 0,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc

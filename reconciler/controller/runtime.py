@@ -22,6 +22,7 @@ Rules (DESIGN.md, "Data flow"):
 
 from __future__ import annotations
 
+import gc
 import re
 import socket
 from dataclasses import dataclass, field, replace
@@ -93,6 +94,11 @@ class RunConfig:
     max_age_s: float = DEFAULT_MAX_AGE_S
     duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S
     metrics_addr: str | None = None
+    #: after loading the store, move every live object into the garbage collector's
+    #: permanent generation (``gc.freeze``): full collections then never scan the loaded
+    #: state again (100,000 leases: ~100 ms a full collection otherwise). A process
+    #: policy: ``reconciler run`` sets it; a process with several replicas (tests) not.
+    freeze_loaded_state: bool = False
     #: the Incus hosts the leader may ask about suspect leases (live GETs)
     incus: tuple[IncusEndpoint, ...] = ()
 
@@ -169,6 +175,13 @@ class Replica:
     ) -> None:
         cfg = self.config
         state = await store.load_state()
+        if cfg.freeze_loaded_state:
+            # the loaded state's objects form no cycles (refcounting frees what the fold
+            # replaces), so freezing them costs nothing but the scans it saves; what is
+            # garbage already is collected first, so that nothing dead is frozen
+            gc.collect()
+            gc.freeze()
+            self._log.info("gc.frozen", objects=gc.get_freeze_count(), leases=len(state.leases))
         info = await js.stream_info(self.names.in_stream)
         self._head = int(info.state.last_seq or 0)
         if state.applied_seq > self._head:
