@@ -40,5 +40,4 @@ def apply_gc_threshold(threshold: int) -> tuple[int, int, int]:
     if threshold > 0:
         _, middle, oldest = gc.get_threshold()
         gc.set_threshold(threshold, middle, oldest)
-    young, middle, oldest = gc.get_threshold()
-    return young, middle, oldest
+    return gc.get_threshold()
