@@ -26,7 +26,7 @@ from nats.js.errors import NotFoundError
 
 from reconciler.bus.connection import ConnectOptions
 from reconciler.bus.streams import StreamNames, ensure_streams
-from reconciler.controller.runtime import Replica, RunConfig
+from reconciler.replica.runtime import Replica, RunConfig
 from tests.builders import subject_of
 
 Item = tuple[str, dict[str, Any]]

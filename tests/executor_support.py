@@ -5,7 +5,7 @@
   leader does (``Nats-Msg-Id`` = ``command_id`` unless told otherwise).
 - :func:`fast_config` is an executor configuration with test timings (ack wait 1.5 s,
   heartbeats every 0.375 s, retries from 50 ms).
-- :func:`running_executor` runs one :class:`~reconciler.controller.executor.Executor`
+- :func:`running_executor` runs one :class:`~reconciler.executor.executor.Executor`
   for a block: stopped gracefully at the end, or *killed* (cancelled: nothing more is
   acked or handed back) with ``handle.kill()``.
 - :class:`ActionLog` records every lifecycle action a simulated host emits, to count
@@ -28,8 +28,8 @@ from nats.js import api
 
 from reconciler.bus.connection import ConnectOptions
 from reconciler.bus.streams import StreamNames
-from reconciler.controller.executor import Executor, ExecutorConfig, consumer_name
-from reconciler.controller.executor_store import ExecutorStore, FinishedCommand
+from reconciler.executor.executor import Executor, ExecutorConfig, consumer_name
+from reconciler.executor.store import ExecutorStore, FinishedCommand
 from reconciler.incus.client import IncusEndpoint
 from reconciler.incus.simulator import Fleet
 

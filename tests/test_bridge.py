@@ -12,8 +12,8 @@ import orjson
 import pytest
 from nats.aio.client import Client
 
+from reconciler.bridge.bridge import Bridge, HostBridge, settings_from_json
 from reconciler.bus.schemas import load
-from reconciler.controller.bridge import Bridge, HostBridge, settings_from_json
 from reconciler.incus.client import IncusHost
 from reconciler.incus.simulator import Fleet
 from reconciler.incus.views import InstanceSpec

@@ -11,7 +11,7 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
-import reconciler.controller.caches as caches_module
+import reconciler.replica.caches as caches_module
 from reconciler.core.inputs import Message
 from reconciler.core.state import Effects, State
 from reconciler.store.digest import state_digest

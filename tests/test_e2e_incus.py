@@ -14,13 +14,13 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
+from reconciler.bridge.bridge import Bridge, HostBridge, settings_from_json
 from reconciler.bus.connection import ConnectOptions
-from reconciler.controller.bridge import Bridge, HostBridge, settings_from_json
-from reconciler.controller.executor import Executor, ExecutorConfig
-from reconciler.controller.runtime import Replica
+from reconciler.executor.executor import Executor, ExecutorConfig
 from reconciler.incus.client import IncusHost
 from reconciler.incus.simulator import Fleet
 from reconciler.incus.simulator.wire import StatusCode
+from reconciler.replica.runtime import Replica
 from tests import builders as b
 from tests.bus import BusClient, fast_config, running_replica
 from tests.simfleet import endpoints, sim_fleet

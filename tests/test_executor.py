@@ -33,8 +33,8 @@ from nats.js import api
 
 from reconciler.bus.streams import ensure_streams
 from reconciler.cli.executor_cmd import load_endpoints, parse_verify
-from reconciler.controller.executor import ExecutorConfig, consumer_name
-from reconciler.controller.executor_commands import (
+from reconciler.core.model import TAG_KIND, TAG_LEASE_ID, TAG_POOL
+from reconciler.executor.commands import (
     CommandParser,
     CreateCommand,
     DeleteCommand,
@@ -43,8 +43,8 @@ from reconciler.controller.executor_commands import (
     classify,
     invalid_instance_name,
 )
-from reconciler.controller.executor_store import ExecutorStore, FinishedCommand
-from reconciler.core.model import TAG_KIND, TAG_LEASE_ID, TAG_POOL
+from reconciler.executor.executor import ExecutorConfig, consumer_name
+from reconciler.executor.store import ExecutorStore, FinishedCommand
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.errors import (
     ApiRejected,

@@ -15,7 +15,7 @@ import pytest
 from nats.aio.client import Client
 
 from reconciler.bus.streams import LEADER_KEY, StreamNames, ensure_streams
-from reconciler.controller.leader import SAFETY, LeaderElection, Leadership
+from reconciler.replica.leader import SAFETY, LeaderElection, Leadership
 from reconciler.store.sqlite import Store
 from tests import builders as b
 from tests.bus import BusClient, fast_config, running_replica

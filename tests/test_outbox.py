@@ -10,10 +10,10 @@ from pathlib import Path
 import anyio
 from nats.aio.client import Client
 
-from reconciler.controller.caches import Commit
-from reconciler.controller.leader import Leadership
-from reconciler.controller.outbox import OutboxPublisher
 from reconciler.core.state import Effects, Output
+from reconciler.replica.caches import Commit
+from reconciler.replica.leader import Leadership
+from reconciler.replica.outbox import OutboxPublisher
 from reconciler.store import Store
 from tests.bus import BusClient
 from tests.executor_support import until

@@ -15,8 +15,8 @@ from nats.aio.client import Client
 from reconciler.bus.codec import Decoder
 from reconciler.bus.consumer import InputConsumer
 from reconciler.bus.schemas import load
-from reconciler.controller.caches import Caches
 from reconciler.core.state import State
+from reconciler.replica.caches import Caches
 from reconciler.store.digest import state_digest
 from reconciler.store.sqlite import Store
 from tests import builders as b
@@ -328,7 +328,7 @@ async def test_queries(nc: Client, nats_url: str, tmp_path: Path) -> None:
 
 
 async def test_queries_answer_cache_not_ready_until_synced(nc: Client, tmp_path: Path) -> None:
-    from reconciler.controller.queries import QueryResponder
+    from reconciler.replica.queries import QueryResponder
 
     async with await Store.open(tmp_path / "rc.db") as store:
         consumer = InputConsumer(nc, nc.jetstream(), stream="RC_IN", durable="x")

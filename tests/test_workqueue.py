@@ -17,7 +17,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from reconciler.controller.workqueue import (
+from reconciler.work.queue import (
     ExponentialBackoff,
     PermanentError,
     QueueShutDown,
@@ -529,7 +529,7 @@ TestWorkQueueMachine.settings = settings(max_examples=150, stateful_step_count=6
 
 
 async def test_run_with_resync_adds_every_key_again_and_shuts_the_queue_down() -> None:
-    from reconciler.controller.workqueue import run_with_resync
+    from reconciler.work.queue import run_with_resync
 
     queue: WorkQueue[str] = WorkQueue(name="resync")
     seen: list[str] = []

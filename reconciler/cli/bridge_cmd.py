@@ -9,6 +9,7 @@ import anyio
 import click
 import orjson
 
+from reconciler.bridge.bridge import Bridge, HostBridge, HostSettings, settings_from_json
 from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.streams import StreamNames, ensure_streams
 from reconciler.cli.options import (
@@ -20,7 +21,6 @@ from reconciler.cli.options import (
     log_options,
 )
 from reconciler.cli.signals import run_until_signalled
-from reconciler.controller.bridge import Bridge, HostBridge, HostSettings, settings_from_json
 from reconciler.incus.client import IncusHost
 
 __all__ = ["bridge"]

@@ -35,17 +35,17 @@ import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from reconciler.bridge.bridge import Bridge, HostBridge, settings_from_json
 from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.embedded import embedded_nats
-from reconciler.controller.bridge import Bridge, HostBridge, settings_from_json
-from reconciler.controller.executor import Executor, ExecutorConfig
-from reconciler.controller.replay import replay_into
-from reconciler.controller.runtime import Replica, RunConfig
 from reconciler.core.model import PoolName, Resources
 from reconciler.core.state import State
+from reconciler.executor.executor import Executor, ExecutorConfig
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.simulator import Fleet, FleetOptions, GpuShape, HostShape, Listen
 from reconciler.incus.views import InstanceSpec
+from reconciler.replica.replay import replay_into
+from reconciler.replica.runtime import Replica, RunConfig
 from reconciler.store.digest import state_digest
 
 __all__ = ["Summary", "run_demo"]

@@ -36,7 +36,7 @@ from reconciler.cli.options import (
     parse_verify,
 )
 from reconciler.cli.signals import run_until_signalled
-from reconciler.controller.executor import DEFAULT_RETENTION_S, Executor, ExecutorConfig
+from reconciler.executor.executor import DEFAULT_RETENTION_S, Executor, ExecutorConfig
 from reconciler.store.errors import StoreError
 
 __all__ = ["executor", "load_endpoints", "parse_verify", "run_executor"]

@@ -27,8 +27,8 @@ from reconciler.cli.options import (
 )
 from reconciler.cli.overview import overview_lines
 from reconciler.cli.signals import run_until_signalled
-from reconciler.controller.replay import ReplayError, replay
-from reconciler.controller.runtime import Replica, RunConfig, StartupError, default_replica_name
+from reconciler.replica.replay import ReplayError, replay
+from reconciler.replica.runtime import Replica, RunConfig, StartupError, default_replica_name
 from reconciler.store.errors import StoreError
 
 

@@ -2,7 +2,7 @@
 
 Rules of this layer:
 
-- It imports :mod:`reconciler.core` only (never bus, store, controller or cli): what it
+- It imports :mod:`reconciler.core` only (never bus, store, work, a program or cli): what it
   returns are the core's types (:class:`~reconciler.core.model.Resources`,
   :class:`~reconciler.core.model.Gpu`) or small frozen views of its own.
 - :mod:`.client` is the only module that talks pylxd; :mod:`.events` holds pylxd's

@@ -8,7 +8,7 @@
 - :mod:`reconciler.store.migrations`: the schema, as forward-only numbered migrations.
 - :mod:`reconciler.store.errors`: :class:`StoreError` and its conditions.
 
-Layer rules: imports only :mod:`reconciler.core` (never the bus or the controller);
+Layer rules: imports only :mod:`reconciler.core` (never the bus nor a program);
 every driver error leaves as a :class:`StoreError`.
 
 The names below are loaded on first use, so that importing the package costs nothing:

@@ -18,7 +18,7 @@ Rules (CONTRACT.md, "Other outputs"):
   replaces the handle the ack will use.
 - **Refused before Incus**: a message that is too large, not JSON, on a wrong subject,
   fails its JSON Schema, names another host, or names an invalid instance
-  (:mod:`reconciler.controller.executor_commands`) is logged with the reason and
+  (:mod:`reconciler.executor.commands`) is logged with the reason and
   terminated; it never reaches Incus.
 - **One key per instance** (``host/project/instance``) on its host's keyed work queue:
   each instance has a FIFO of its commands, in stream order; a worker runs only its
@@ -26,7 +26,7 @@ Rules (CONTRACT.md, "Other outputs"):
   ``workers`` instances of each host run in parallel. Hosts have their own queues and
   workers, so a host that does not answer never holds up the others.
 - **Once per command id.** Before acting, the head's ``command_id`` is looked up in the
-  executor's database (:mod:`reconciler.controller.executor_store`); a finished one is
+  executor's database (:mod:`reconciler.executor.store`); a finished one is
   acked without acting. Every outcome is recorded *before* the ack. A create whose
   lease's VM was already deleted is ``superseded`` (a create redelivered after a crash
   can arrive after the delete that followed it; it must not bring the VM back).
@@ -38,7 +38,7 @@ Rules (CONTRACT.md, "Other outputs"):
   ``user.rc.pool``, ``user.rc.kind`` = ``warm``); idempotent for the same lease; then
   start. Effects come back through the bridge as lifecycle events: the executor never
   publishes anything.
-- **Failures** are sorted by :func:`~reconciler.controller.executor_commands.classify`:
+- **Failures** are sorted by :func:`~reconciler.executor.commands.classify`:
   temporary ones (host unreachable, operation timed out, instance busy) are retried with
   the queue's per-key exponential backoff (``retry_base_s`` doubling up to
   ``retry_cap_s``) for as long as it takes; failures that may pass are retried up to
@@ -79,7 +79,7 @@ from nats.js.errors import FetchTimeoutError, NotFoundError
 
 from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.streams import StreamNames
-from reconciler.controller.executor_commands import (
+from reconciler.executor.commands import (
     Command,
     CommandParser,
     CreateCommand,
@@ -89,10 +89,10 @@ from reconciler.controller.executor_commands import (
     classify,
     invalid_instance_name,
 )
-from reconciler.controller.executor_store import ExecutorStore, FinishedCommand
-from reconciler.controller.workqueue import TemporaryError, WorkQueue, run_workers
+from reconciler.executor.store import ExecutorStore, FinishedCommand
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.errors import IncusError, NotFound
+from reconciler.work.queue import TemporaryError, WorkQueue, run_workers
 
 __all__ = ["Executor", "ExecutorConfig", "consumer_name"]
 

@@ -44,19 +44,19 @@ from reconciler.bus.streams import (
     StreamNames,
     ensure_streams,
 )
-from reconciler.controller.caches import Caches
-from reconciler.controller.leader import LeaderElection, Leadership
-from reconciler.controller.outbox import OutboxPublisher
-from reconciler.controller.queries import QueryResponder
-from reconciler.controller.status import StatusReporter
-from reconciler.controller.topup import WarmPoolReconciler
-from reconciler.controller.verify import IncusPresence, SuspectVerifier
 from reconciler.incus.endpoints import IncusEndpoint
+from reconciler.replica.caches import Caches
+from reconciler.replica.leader import LeaderElection, Leadership
+from reconciler.replica.outbox import OutboxPublisher
+from reconciler.replica.queries import QueryResponder
+from reconciler.replica.status import StatusReporter
+from reconciler.replica.topup import WarmPoolReconciler
+from reconciler.replica.verify import IncusPresence, SuspectVerifier
 from reconciler.store.sqlite import Store
 
 if TYPE_CHECKING:
-    from reconciler.controller.metrics import MetricsServer
     from reconciler.incus.client import IncusHost
+    from reconciler.replica.metrics import MetricsServer
 
 __all__ = ["Replica", "RunConfig", "StartupError", "default_replica_name"]
 
@@ -208,7 +208,7 @@ class Replica:
         self.queries = QueryResponder(nc=nc, caches=caches, prefix=cfg.prefix, health=self.health)
         await self.queries.start()
         if cfg.metrics_addr:
-            from reconciler.controller.metrics import MetricsServer
+            from reconciler.replica.metrics import MetricsServer
 
             self.metrics = MetricsServer(addr=cfg.metrics_addr, runtime=self, health=self.health)
             await self.metrics.start()

@@ -26,8 +26,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from reconciler.controller.caches import Caches
 from reconciler.core.queries import QUERIES, QueryError
+from reconciler.replica.caches import Caches
 
 __all__ = ["MAX_REQUEST_BYTES", "QueryResponder", "error_reply", "ok_reply"]
 

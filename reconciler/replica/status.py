@@ -23,10 +23,10 @@ import orjson
 import structlog
 from nats.aio.client import Client
 
-from reconciler.controller.caches import Caches, Commit
-from reconciler.controller.workqueue import WorkQueue, run_with_resync
 from reconciler.core.model import HostName, PoolName
 from reconciler.core.status import host_status, pool_status
+from reconciler.replica.caches import Caches, Commit
+from reconciler.work.queue import WorkQueue, run_with_resync
 
 __all__ = ["StatusKey", "StatusReporter"]
 

@@ -39,10 +39,10 @@ import orjson
 import structlog
 from nats.js import JetStreamContext
 
-from reconciler.controller.caches import Caches, Commit
-from reconciler.controller.workqueue import TemporaryError, WorkQueue, run_with_resync
 from reconciler.core.model import PoolName, RequestId
 from reconciler.core.status import warm_deficit
+from reconciler.replica.caches import Caches, Commit
+from reconciler.work.queue import TemporaryError, WorkQueue, run_with_resync
 
 __all__ = ["WarmPoolReconciler", "topup_request_id", "warm_instance_name"]
 

@@ -35,9 +35,9 @@ import structlog
 from nats.aio.client import Client
 
 from reconciler.bus.publisher import OutputPublisher, PublishError, Round
-from reconciler.controller.caches import Commit
-from reconciler.controller.leader import Leadership
 from reconciler.core.state import Output
+from reconciler.replica.caches import Commit
+from reconciler.replica.leader import Leadership
 from reconciler.store.sqlite import Store
 
 __all__ = ["MAX_IN_FLIGHT", "OutboxPublisher"]

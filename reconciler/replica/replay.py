@@ -3,7 +3,7 @@
 Rules (DESIGN.md, principle 2):
 
 - The stream is folded from its first message by exactly the code ``reconciler run``
-  uses (:class:`~reconciler.controller.caches.Caches`: decoding, dead letters, the fold,
+  uses (:class:`~reconciler.replica.caches.Caches`: decoding, dead letters, the fold,
   the store), into a fresh database (in memory unless a path is given), up to the IN
   stream's last sequence as seen at start. Nothing is published and nothing is acked on
   the live consumer: replay uses a consumer of its own, deleted afterwards.
@@ -40,8 +40,8 @@ from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.consumer import InputConsumer
 from reconciler.bus.publisher import MSG_ID
 from reconciler.bus.streams import StreamNames
-from reconciler.controller.caches import Caches, Commit
 from reconciler.core.state import State
+from reconciler.replica.caches import Caches, Commit
 from reconciler.store.digest import state_digest
 from reconciler.store.sqlite import Store
 

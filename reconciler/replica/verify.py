@@ -31,9 +31,9 @@ import orjson
 import structlog
 from nats.js import JetStreamContext
 
-from reconciler.controller.caches import Caches, Commit
-from reconciler.controller.workqueue import TemporaryError, WorkQueue, run_with_resync
 from reconciler.core.model import LeaseId
+from reconciler.replica.caches import Caches, Commit
+from reconciler.work.queue import TemporaryError, WorkQueue, run_with_resync
 
 if TYPE_CHECKING:  # the client (pylxd) is loaded only by a replica that has Incus hosts
     from reconciler.incus.client import IncusHost

@@ -1,0 +1,8 @@
+"""``reconciler bridge``: Incus hosts to the bus (lifecycle events, inventory, snapshots).
+
+- :mod:`.bridge`: one :class:`~.bridge.HostBridge` per Incus host, under one
+  :class:`~.bridge.Bridge`.
+
+Layer rules: imports the adapters (bus, incus) and the core only; never another
+program's package (replica, executor, garm) nor the CLI.
+"""

@@ -1,0 +1,9 @@
+"""``reconciler executor``: the bus's create and delete commands, carried out on Incus.
+
+- :mod:`.executor`: consume ``rc.out.exec.<host>.*`` per host and act through pylxd.
+- :mod:`.commands`: decode and validate a command; classify Incus's failures.
+- :mod:`.store`: the executor's own SQLite record of finished commands.
+
+Layer rules: imports :mod:`reconciler.work`, the adapters (store, bus, incus) and the
+core; never another program's package (replica, bridge, garm) nor the CLI.
+"""
