@@ -9,7 +9,12 @@ Rules:
 - Disconnects, reconnects, errors and the final close are logged through structlog; the
   client never prints.
 - ``tls_ca_file`` makes a TLS context that verifies the server against that CA; without
-  it, a ``tls://`` URL uses the system's trust store.
+  it, a ``tls://`` URL uses the system's trust store. ``tls_cert_file`` and
+  ``tls_key_file`` add a client certificate (a server with ``verify: true`` asks for one).
+- ``nkey_seed_file`` authenticates with an NKey seed file (the seed is read by nats-py,
+  never held by us); ``inbox_prefix`` scopes every reply subject (requests, publish acks,
+  pull deliveries) so that a least-privilege user subscribes to ``<prefix>.>`` only.
+- Secrets (password, seed, key) are never logged nor put into an error message.
 """
 
 from __future__ import annotations
@@ -48,6 +53,10 @@ class ConnectOptions:
     user: str | None = None
     password: str | None = None
     tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    nkey_seed_file: str | None = None
+    inbox_prefix: str = "_INBOX"
     name: str | None = None
     reconnect_wait_s: float = 2.0
     connect_timeout_s: float = 2.0
@@ -61,6 +70,15 @@ class ConnectOptions:
             raise ValueError("ConnectOptions.urls is empty")
         if self.password is not None and self.user is None:
             raise ValueError("a NATS password needs a user")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("a TLS client certificate and its key go together")
+        if not re.fullmatch(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*", self.inbox_prefix):
+            raise ValueError(f"inbox prefix {self.inbox_prefix!r} is not a subject of plain tokens")
+
+    @property
+    def uses_tls(self) -> bool:
+        """Whether the options ask for TLS beyond what a ``tls://`` URL implies."""
+        return any((self.tls_ca_file, self.tls_cert_file))
 
     @classmethod
     def from_url(cls, url: str, **options: object) -> ConnectOptions:
@@ -68,15 +86,31 @@ class ConnectOptions:
         return cls(urls=parse_urls(url), **options)  # type: ignore[arg-type]
 
 
-def tls_context(ca_file: str) -> ssl.SSLContext:
-    """A client context that verifies the server certificate against ``ca_file``."""
-    return ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+def tls_context(
+    ca_file: str | None, cert_file: str | None = None, key_file: str | None = None
+) -> ssl.SSLContext:
+    """A client context that verifies the server against ``ca_file`` (the system's trust
+    store without it) and presents ``cert_file``/``key_file`` when given."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+    if cert_file is not None:
+        try:
+            context.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            # the key file's content never reaches the message: only the paths and the cause
+            raise ValueError(
+                f"cannot load the TLS client certificate {cert_file} with key {key_file}: "
+                f"{exc.strerror or type(exc).__name__}"
+            ) from None
+    return context
 
 
 async def connect(opts: ConnectOptions) -> Client:
     """Connect to NATS with ``opts``; the returned client reconnects forever."""
-    if opts.creds_file is not None and importlib.util.find_spec("nkeys") is None:
-        raise RuntimeError("--nats-creds needs the nkeys package (pip install 'nats-py[nkeys]')")
+    needs_nkeys = opts.creds_file is not None or opts.nkey_seed_file is not None
+    if needs_nkeys and importlib.util.find_spec("nkeys") is None:
+        raise RuntimeError(
+            "--nats-creds and --nats-nkey need the nkeys package (pip install 'nats-py[nkeys]')"
+        )
     log = logger.bind(connection=opts.name)
     nc = Client()
 
@@ -113,7 +147,13 @@ async def connect(opts: ConnectOptions) -> Client:
         user=opts.user,
         password=opts.password,
         user_credentials=opts.creds_file,
-        tls=tls_context(opts.tls_ca_file) if opts.tls_ca_file else None,
+        nkeys_seed=opts.nkey_seed_file,
+        inbox_prefix=opts.inbox_prefix,
+        tls=(
+            tls_context(opts.tls_ca_file, opts.tls_cert_file, opts.tls_key_file)
+            if opts.uses_tls
+            else None
+        ),
     )
     if opts.initial_timeout_s is None:
         await attempt

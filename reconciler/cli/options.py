@@ -102,6 +102,29 @@ def bus_options(f: F) -> F:
                 help="CA file to verify the NATS server's certificate.",
             ),
             _option(
+                "tls-cert",
+                type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                help="Client certificate (PEM) for NATS servers that verify clients; "
+                "needs --tls-key.",
+            ),
+            _option(
+                "tls-key",
+                type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                help="The client certificate's private key (PEM).",
+            ),
+            _option(
+                "nats-nkey",
+                type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                help="NKey seed file to authenticate with (the seed stays in the file).",
+            ),
+            _option(
+                "inbox-prefix",
+                default="_INBOX",
+                show_default=True,
+                help="Prefix of every reply subject (a least-privilege user may subscribe to "
+                "<prefix>.> only), e.g. _INBOX.bridge.",
+            ),
+            _option(
                 "prefix",
                 default="rc",
                 show_default=True,
@@ -199,14 +222,21 @@ class Common:
 def common_from(kwargs: dict[str, Any], *, name: str) -> Common:
     """Pop the bus and log options out of a command's keyword arguments."""
     configure_logging(fmt=kwargs.pop("log_format"), level=kwargs.pop("log_level"))
-    creds, tls_ca = kwargs.pop("nats_creds"), kwargs.pop("tls_ca")
+    def path(key: str) -> str | None:
+        value = kwargs.pop(key)
+        return str(value) if value else None
+
     try:
         nats = ConnectOptions(
             urls=parse_urls(kwargs.pop("nats_url")),
-            creds_file=str(creds) if creds else None,
+            creds_file=path("nats_creds"),
             user=kwargs.pop("nats_user"),
             password=kwargs.pop("nats_password"),
-            tls_ca_file=str(tls_ca) if tls_ca else None,
+            tls_ca_file=path("tls_ca"),
+            tls_cert_file=path("tls_cert"),
+            tls_key_file=path("tls_key"),
+            nkey_seed_file=path("nats_nkey"),
+            inbox_prefix=kwargs.pop("inbox_prefix"),
             name=name,
         )
     except ValueError as exc:
