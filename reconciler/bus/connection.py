@@ -5,7 +5,8 @@ Rules:
 - A connection reconnects forever (``max_reconnect_attempts=-1``), waiting
   ``reconnect_wait_s`` between attempts to the same server. The *initial* connect retries
   the same way, so a daemon started before its NATS server waits for it; pass
-  ``initial_timeout_s`` to give up instead (``TimeoutError``).
+  ``initial_timeout_s`` to give up instead (``TimeoutError``); such a one-shot
+  connection logs its connect and close at debug only.
 - Disconnects, reconnects, errors and the final close are logged through structlog; the
   client never prints.
 - ``tls_ca_file`` makes a TLS context that verifies the server against that CA; without
@@ -125,8 +126,12 @@ async def connect(opts: ConnectOptions) -> Client:
     async def on_error(exc: Exception) -> None:
         log.warning("nats.error", error=str(exc) or type(exc).__name__, type=type(exc).__name__)
 
+    # a one-shot connection (an operator's command) says nothing about its own open and
+    # close unless asked (debug); a daemon's connection logs them at info
+    routine = log.debug if opts.initial_timeout_s is not None else log.info
+
     async def on_closed() -> None:
-        log.info("nats.closed")
+        routine("nats.closed")
 
     # nats-py annotates these durations as int; it uses them as float seconds.
     reconnect_wait = cast(int, opts.reconnect_wait_s)
@@ -168,7 +173,7 @@ async def connect(opts: ConnectOptions) -> Client:
                 f"no NATS server reachable at {', '.join(opts.urls)} "
                 f"within {opts.initial_timeout_s} s"
             ) from None
-    log.info("nats.connected", server=_server(nc))
+    routine("nats.connected", server=_server(nc))
     return nc
 
 

@@ -3,12 +3,19 @@
 For every lease the identifier names (a job, an instance, a lease id, a request id), the
 timeline lists, in stream order: each input that touched it (subject and a one-line
 payload, fetched from the IN stream by sequence when NATS is reachable), the lease
-transitions it caused (from the append-only journal), and the decisions that name the
-lease (their latest phase, as the store keeps it).
+transitions it caused (from the append-only journal, a preemption naming the request that
+caused it), the decisions that name the lease (every phase from the OUT stream, e.g. a
+preemptible admission's ``pending`` then its ``admitted``; the latest one from the store
+without NATS), and the executor commands published for the lease.
+
+Reading the bus connects once, bounded by ``--connect-timeout``; a stream that does not
+exist is an error, not an empty timeline. The store is opened read-only and must be a
+replica's store.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -18,8 +25,9 @@ import orjson
 import structlog
 from nats.js.errors import NotFoundError
 
-from reconciler.bus.connection import ConnectOptions, connect
+from reconciler.bus.connection import ConnectOptions
 from reconciler.bus.streams import StreamNames
+from reconciler.cli.oneshot import DEFAULT_CONNECT_TIMEOUT_S, connect_once, missing_stream
 from reconciler.store.sqlite import Store
 
 __all__ = ["audit_lines"]
@@ -40,22 +48,27 @@ async def audit_lines(
     """The lines to print; :class:`LookupError` when nothing is known by ``identifier``."""
     if not await anyio.Path(db).exists():
         raise LookupError(f"no store at {db} (use --db or RC_DB)")
-    async with await Store.open(db) as store:
+    async with await Store.open_readonly(db) as store:
         leases = await store.find_leases(identifier)
         if not leases:
             raise LookupError(f"nothing in {db} is known as {identifier!r}")
         timelines: list[tuple[Any, dict[int, list[dict[str, Any]]]]] = []
-        seqs: set[int] = set()
+        request_ids: dict[str, list[str]] = {}
         for lease in leases:
             events: dict[int, list[dict[str, Any]]] = defaultdict(list)
             for row in await store.lease_history(lease.lease_id):
+                if row["to_state"] == "victim" and lease.victim_of is not None:
+                    row = {**row, "by_request": str(lease.victim_of)}
                 events[row["input_seq"]].append({"type": "transition", **row})
+            request_ids[lease.lease_id] = []
             for record in await store.decisions_for(lease_id=lease.lease_id):
                 body = orjson.loads(record.payload)
+                request_ids[lease.lease_id].append(str(body["request_id"]))
                 events[int(body["input_seq"])].append({"type": "decision", **body})
-            seqs.update(events)
             timelines.append((lease, events))
-    inputs = await _fetch_inputs(sorted(seqs), nats=nats, prefix=prefix) if nats else {}
+    inputs: dict[int, dict[str, Any]] = {}
+    if nats is not None:
+        inputs = await _from_bus(timelines, request_ids, nats=nats, prefix=prefix)
     lines: list[str] = []
     for lease, events in timelines:
         if as_json:
@@ -65,24 +78,48 @@ async def audit_lines(
     return lines
 
 
-async def _fetch_inputs(
-    seqs: list[int], *, nats: ConnectOptions, prefix: str
+async def _from_bus(
+    timelines: list[tuple[Any, dict[int, list[dict[str, Any]]]]],
+    request_ids: dict[str, list[str]],
+    *,
+    nats: ConnectOptions,
+    prefix: str,
 ) -> dict[int, dict[str, Any]]:
-    found: dict[int, dict[str, Any]] = {}
-    stream = StreamNames.for_prefix(prefix).in_stream
-    try:
-        with anyio.fail_after(10.0):
-            nc = await connect(nats)
-    except (TimeoutError, OSError) as exc:
-        logger.warning("audit.no_nats", error=repr(exc))
-        return found
+    """Complete the timelines from the streams (every decision phase, the executor
+    commands) and return the inputs they name, by sequence."""
+    names = StreamNames.for_prefix(prefix)
+    nc = await connect_once(nats, nats.initial_timeout_s or DEFAULT_CONNECT_TIMEOUT_S)
     try:
         js = nc.jetstream()
+        for stream in (names.in_stream, names.out_stream):
+            try:
+                await js.stream_info(stream)
+            except NotFoundError:
+                raise missing_stream(stream, prefix) from None
+        for lease, events in timelines:
+            decided = [
+                await _all(js, names.out_stream, f"{prefix}.out.decision.{rid}")
+                for rid in request_ids[lease.lease_id]
+            ]
+            if any(decided):
+                for seq in list(events):
+                    events[seq] = [e for e in events[seq] if e["type"] != "decision"]
+                for phases in decided:
+                    for _, body in phases:
+                        events[int(body["input_seq"])].append({"type": "decision", **body})
+            commands = await _all(js, names.out_stream, f"{prefix}.out.exec.{lease.host}.*")
+            for out_seq, body in commands:
+                if body.get("lease_id") == lease.lease_id:
+                    verb = "delete" if "reason" in body else "create"
+                    command = {"type": "command", "verb": verb, "output_seq": out_seq, **body}
+                    events[_input_seq_of(events, command)].append(command)
+        seqs = sorted({seq for _, events in timelines for seq in events})
+        found: dict[int, dict[str, Any]] = {}
         for seq in seqs:
             try:
-                msg = await js.get_msg(stream, seq)
+                msg = await js.get_msg(names.in_stream, seq)
             except NotFoundError:
-                found[seq] = {"subject": None, "payload": "(no longer in the stream)"}
+                found[seq] = {"subject": None, "payload": "(aged out of the stream)"}
                 continue
             data = msg.data or b""
             text = data.decode(errors="replace")
@@ -94,6 +131,41 @@ async def _fetch_inputs(
     finally:
         await nc.close()
     return found
+
+
+async def _all(js: Any, stream: str, subject: str) -> list[tuple[int, dict[str, Any]]]:
+    """Every message of ``stream`` on ``subject`` (wildcards allowed), in order, decoded."""
+    found: list[tuple[int, dict[str, Any]]] = []
+    seq = 1
+    while True:
+        try:
+            msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
+        except NotFoundError:
+            return found
+        with contextlib.suppress(orjson.JSONDecodeError):
+            found.append((int(msg.seq), orjson.loads(msg.data or b"{}")))
+        seq = int(msg.seq) + 1
+
+
+def _input_seq_of(events: dict[int, list[dict[str, Any]]], command: dict[str, Any]) -> int:
+    """Where an executor command goes in the timeline. It names no input, so it follows the
+    transition that called for it: a create the admission, a delete for a preemption the
+    move to ``victim``, one for a drain the move to ``draining``, any other the latest."""
+    moves = sorted(
+        (seq, e["to_state"])
+        for seq, evs in events.items()
+        for e in evs
+        if e["type"] == "transition"
+    )
+    if not moves:
+        return 0
+    if "reason" not in command:
+        return moves[0][0]
+    wanted = {"preempted": "victim", "drained": "draining"}.get(str(command["reason"]))
+    for seq, state in moves:
+        if state == wanted:
+            return seq
+    return moves[-1][0]
 
 
 def _header(lease: Any) -> str:
@@ -117,8 +189,15 @@ def _text_lines(
             lines.append(f"  [{seq:>8}]")
         for e in events[seq]:
             if e["type"] == "transition":
+                by = f", by request {e['by_request']}" if "by_request" in e else ""
                 lines.append(
-                    f"             {e['from_state'] or '∅'} → {e['to_state']}  ({e['event']})"
+                    f"             {e['from_state'] or '∅'} → {e['to_state']}  ({e['event']}{by})"
+                )
+            elif e["type"] == "command":
+                why = f" ({e['reason']})" if "reason" in e else ""
+                lines.append(
+                    f"             executor {e['verb']}{why} {e['instance']} on {e['host']}  "
+                    f"command {e['command_id']} [output {e['output_seq']}]"
                 )
             else:
                 why = f" ({e['reason']})" if "reason" in e else ""

@@ -16,6 +16,7 @@ from reconciler.bus.embedded import NatsServerNotFound
 from reconciler.cli.audit import audit_lines
 from reconciler.cli.gc_policy import apply_gc_threshold
 from reconciler.cli.logs import LOG_LEVELS, configure_logging
+from reconciler.cli.oneshot import connect_timeout_option, once
 from reconciler.cli.options import (
     bus_options,
     common_from,
@@ -37,8 +38,11 @@ class _Commands(click.Group):
     ``reconciler run`` never loads pylxd, the simulator or aiohttp's server."""
 
     LAZY: dict[str, tuple[str, str]] = {
+        "apply": ("reconciler.cli.apply_cmd", "apply_cmd"),
         "bridge": ("reconciler.cli.bridge_cmd", "bridge"),
+        "cmd": ("reconciler.cli.send_cmd", "send_cmd"),
         "executor": ("reconciler.cli.executor_cmd", "executor"),
+        "query": ("reconciler.cli.query_cmd", "query_cmd"),
         "sim-incus": ("reconciler.cli.sim_incus", "sim_incus"),
     }
 
@@ -60,7 +64,11 @@ class _Commands(click.Group):
 )
 @click.version_option(package_name="reconciler")
 def cli() -> None:
-    """Admission control for self-hosted CI runners on Incus (see CONTRACT.md)."""
+    """Admission control for self-hosted CI runners on Incus.
+
+    The interface (subjects, payloads, decisions, queries) is described in
+    docs/interface.md of the project, and every command in docs/cli.md.
+    """
 
 
 # ------------------------------------------------------------------------------ run
@@ -159,13 +167,20 @@ def run(**kwargs: Any) -> None:
 @click.option(
     "--show", type=click.IntRange(min=0), default=20, show_default=True, help="Divergences shown."
 )
+@connect_timeout_option
 @log_options
-def replay_command(db: Path | None, as_json: bool, show: int, **kwargs: Any) -> None:
+def replay_command(
+    db: Path | None, as_json: bool, show: int, connect_timeout: float, **kwargs: Any
+) -> None:
     """Fold the input stream into a fresh database and compare every decision with the
     output stream. Prints a digest of the state; exits 1 on any divergence."""
     common = common_from(kwargs, name="reconciler-replay")
     try:
-        report = anyio.run(lambda: replay(common.nats, prefix=common.prefix, db=db))
+        report = anyio.run(
+            lambda: replay(once(common.nats, connect_timeout), prefix=common.prefix, db=db)
+        )
+    except TimeoutError as exc:
+        raise click.ClickException(f"{exc} (--connect-timeout {connect_timeout:g})") from exc
     except (ReplayError, StoreError) as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
@@ -227,8 +242,11 @@ def replay_command(db: Path | None, as_json: bool, show: int, **kwargs: Any) -> 
     is_flag=True,
     help="Do not fetch the input messages from the stream (works without NATS).",
 )
+@connect_timeout_option
 @log_options
-def audit(identifier: str, as_json: bool, no_inputs: bool, **kwargs: Any) -> None:
+def audit(
+    identifier: str, as_json: bool, no_inputs: bool, connect_timeout: float, **kwargs: Any
+) -> None:
     """A lease's timeline: its inputs, transitions and decisions, with stream sequences.
 
     IDENTIFIER is a job identity, an instance name, a lease id or a request id.
@@ -239,7 +257,7 @@ def audit(identifier: str, as_json: bool, no_inputs: bool, **kwargs: Any) -> Non
             lambda: audit_lines(
                 identifier,
                 db=kwargs["db"],
-                nats=None if no_inputs else common.nats,
+                nats=None if no_inputs else once(common.nats, connect_timeout),
                 prefix=common.prefix,
                 as_json=as_json,
             )
@@ -311,12 +329,16 @@ def demo(db: Path, nats_url: str | None, quiet: bool, log_level: str) -> None:
         summary = anyio.run(lambda: run_demo(db, nats_url=nats_url, echo=not quiet))
     except NatsServerNotFound as exc:
         raise click.ClickException(str(exc)) from exc
+    requests: dict[str, list[dict[str, Any]]] = {}
+    for d in summary.decisions:  # one request: its phases (pending, then final), in order
+        requests.setdefault(str(d["request_id"]), []).append(d)
     outcomes: dict[str, int] = {}
-    for d in summary.decisions:
-        phase = "" if d["phase"] == d["outcome"] else f" {d['phase']}"
-        key = f"{d['verb']}{phase} {d['outcome']}" + (f" ({d['reason']})" if "reason" in d else "")
+    for phases in requests.values():
+        last = phases[-1]
+        path = " → ".join(str(d["outcome"]) for d in phases)
+        key = f"{last['verb']} {path}" + (f" ({last['reason']})" if "reason" in last else "")
         outcomes[key] = outcomes.get(key, 0) + 1
-    click.echo("\nSummary of decisions")
+    click.echo(f"\nSummary of {len(requests)} requests (each with its decisions)")
     for key, n in sorted(outcomes.items()):
         click.echo(f"  {n:>3} x {key}")
     click.echo(f"  executor commands: {dict(sorted(summary.commands.items()))}")

@@ -1,6 +1,7 @@
 """``reconciler status``: hosts and pools at a glance, read from a replica's store.
 
-The numbers are the ones the leader publishes on ``out.status.…``
+The store is opened read-only (a file that is not a replica's store is refused and left
+untouched). The numbers are the ones the leader publishes on ``out.status.…``
 (:mod:`reconciler.core.status`), computed from the committed state; reading the store
 works whether the replica runs (SQLite's WAL lets a reader in) or not.
 """
@@ -20,7 +21,7 @@ __all__ = ["overview_lines"]
 
 
 async def overview_lines(db: Path, *, as_json: bool = False) -> list[str]:
-    async with await Store.open(db) as store:
+    async with await Store.open_readonly(db) as store:
         state = await store.load_state()
     seq = state.applied_seq
     hosts = [host_status(state, HostName(h), as_of_seq=seq) for h in sorted(state.hosts)]
@@ -39,7 +40,8 @@ async def overview_lines(db: Path, *, as_json: bool = False) -> list[str]:
     )
     for row in hosts:
         if row is not None:
-            lines.append(_host_line(row))
+            gpus_total = len(state.hosts[HostName(row["host"])].gpus)
+            lines.append(_host_line({**row, "gpus_total": gpus_total}))
     lines.append("")
     lines.append(
         f"{'POOL':<20} {'READY':>5} {'BOOT':>5} {'CLAIMED':>7} {'DRAIN':>5} {'VICTIMS':>7} "
@@ -57,12 +59,21 @@ def _pair(row: dict[str, Any], key: str) -> str:
 
 def _host_line(row: dict[str, Any]) -> str:
     leases = ", ".join(f"{n} {state}" for state, n in row["leases_by_state"].items()) or "-"
-    gpus = ",".join(str(i) for i in row["gpus_free"]) or "-"
+    gpus = _gpus(row)
     return (
         f"{row['host']:<20} {'yes' if row['schedulable'] else 'no':<5} "
         f"{_pair(row, 'cpu'):>15} {_pair(row, 'memory_mib'):>21} "
         f"{_pair(row, 'disk_gib'):>20} {gpus:<12} {leases}"
     )
+
+
+def _gpus(row: dict[str, Any]) -> str:
+    """Free GPU indexes; ``none free`` when the host has GPUs and all are taken, ``-`` when
+    it has none."""
+    free = ",".join(str(i) for i in row["gpus_free"])
+    if free:
+        return free
+    return "none free" if row.get("gpus_total", 0) else "-"
 
 
 def _pool_line(row: dict[str, Any]) -> str:

@@ -402,9 +402,18 @@ class Caches:
         """Log the committed batch's decisions with their reasons, its dead letters and
         its executor commands. Refusals, pending admissions and errors are ``info``, the
         routine ones (admitted, claimed, ok, authorized) ``debug``: at a thousand
-        decisions a second, the line per admission costs more than the admission."""
+        decisions a second, the line per admission costs more than the admission.
+
+        A batch of inputs that were already on the stream when this replica started (it
+        catches up: a follower, or a restart) was explained when it was first decided, so
+        all of it is logged at ``debug`` only."""
         log = self._log
         routine = log.is_enabled_for(logging.DEBUG)
+        catching_up = not self.synced.is_set() and folded.applied_seq <= self.head_at_start
+        if catching_up and not routine:
+            return
+        info = log.debug if catching_up else log.info
+        warning = log.debug if catching_up else log.warning
         for out in folded.fx.outputs:
             if out.subject.startswith("out.decision."):
                 if out.outcome in _ROUTINE and not routine:
@@ -414,7 +423,7 @@ class Caches:
                 if outcome in _ROUTINE and not routine:
                     continue
                 lease = body.get("lease") or {}
-                (log.debug if outcome in _ROUTINE else log.info)(
+                (log.debug if outcome in _ROUTINE else info)(
                     "decision",
                     request_id=body["request_id"],
                     verb=body["verb"],
@@ -430,7 +439,7 @@ class Caches:
                 )
             elif out.subject.startswith("out.dlq."):
                 body = orjson.loads(out.payload)
-                log.warning(
+                warning(
                     "dead_letter",
                     reason=out.subject[8:],
                     subject=body["subject"],
@@ -439,7 +448,7 @@ class Caches:
                 )
             elif out.subject.startswith("out.exec."):
                 body = orjson.loads(out.payload)
-                log.info(
+                info(
                     "executor_command",
                     command_id=body["command_id"],
                     host=body["host"],

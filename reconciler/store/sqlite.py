@@ -46,7 +46,7 @@ from reconciler.core.state import DecisionRecord, Effects, Output, State
 from reconciler.store.codec import CodecError, decode, encode
 from reconciler.store.database import Database, check_worker_api
 from reconciler.store.errors import StoreError
-from reconciler.store.migrations import migrate
+from reconciler.store.migrations import LATEST, migrate
 from reconciler.store.migrations import schema_version as read_schema_version
 from reconciler.store.outbox import pack_outputs, unpack_outputs
 from reconciler.store.transactions import (
@@ -295,6 +295,36 @@ class Store(Database):
                 raise
         return store
 
+    @classmethod
+    async def open_readonly(cls, path: str | Path) -> Store:
+        """Open an existing replica's store only to read it (``status``, ``audit``).
+
+        Nothing is created, migrated or written. Raises :class:`StoreError` for a file
+        that is missing, not a database, not a replica's store (another program's
+        database) or at another schema version than this reconciler's.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise StoreError(f"no store at {path}")
+        connecting = aiosqlite.connect(
+            f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None
+        )
+        try:
+            conn = await connecting
+        except sqlite3.Error as exc:
+            await _worker_stopped(connecting)
+            raise StoreError(f"cannot open store {path} read-only: {exc}") from exc
+        try:
+            check_worker_api(conn)
+            await conn.execute("PRAGMA busy_timeout = 5000")
+            await _check_replica_store(conn, path)
+        except BaseException as exc:
+            await conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"cannot read store {path}: {exc}") from exc
+            raise
+        return cls(conn, path)
+
     def __init__(self, conn: aiosqlite.Connection, path: Path) -> None:
         super().__init__(conn, path)
         self._writer: WriterProcess | None = None
@@ -522,6 +552,29 @@ class Store(Database):
                 (key,),
             )
         return [_decision(row) for row in rows]
+
+
+_REPLICA_TABLES = frozenset({"hosts", "pools", "leases", "decisions", "journal", "position"})
+
+
+async def _check_replica_store(conn: aiosqlite.Connection, path: Path) -> None:
+    """Raise :class:`StoreError` unless ``conn`` is a replica's store of this schema."""
+    rows = await conn.execute_fetchall("SELECT name FROM sqlite_master WHERE type = 'table'")
+    tables = {str(row[0]) for row in rows}
+    version = await read_schema_version(conn)
+    if version == 0 or not _REPLICA_TABLES.issubset(tables):
+        raise StoreError(
+            f"{path} is not a reconciler replica's store (it has no "
+            f"{', '.join(sorted(_REPLICA_TABLES - tables)) or 'schema_version'} table); "
+            "give the --db of `reconciler run` (left untouched)"
+        )
+    if version != LATEST:
+        newer = "a newer" if version > LATEST else "an older"
+        raise StoreError(
+            f"store {path} has schema version {version}, this reconciler reads {LATEST}: "
+            f"it was written by {newer} reconciler (start this version's `reconciler run` "
+            "on it once to migrate an older store; left untouched)"
+        )
 
 
 async def _worker_stopped(conn: aiosqlite.Connection) -> None:

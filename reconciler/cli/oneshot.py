@@ -1,0 +1,101 @@
+"""What the commands that talk to NATS once share: a bounded connection and clear errors.
+
+Rules:
+
+- ``replay``, ``audit``, ``cmd``, ``query`` and ``apply`` connect once and give up after
+  ``--connect-timeout`` seconds (``RC_CONNECT_TIMEOUT``, default 10) with a
+  :class:`click.ClickException` naming the servers tried, never retrying forever as the
+  daemons (``run``, ``bridge``, ``executor``) do.
+- A stream that does not exist is an error that names it and the prefix, never an empty
+  answer.
+- The schemas are loaded before anything is sent: a payload is checked against its schema
+  and against the fold's own domain checks, so bad input is refused here, untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from nats.aio.client import Client
+
+from reconciler.bus.connection import ConnectOptions, connect
+from reconciler.bus.schemas import SchemaLoadError, input_schema_path, load
+from reconciler.core.inputs import DomainError, from_payload
+
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "connect_once",
+    "connect_timeout_option",
+    "input_problems",
+    "missing_stream",
+    "once",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+
+
+def connect_timeout_option(f: F) -> F:
+    """``--connect-timeout``: seconds to reach a NATS server before giving up."""
+    return click.option(
+        "--connect-timeout",
+        envvar="RC_CONNECT_TIMEOUT",
+        show_envvar=True,
+        type=click.FloatRange(min=0, min_open=True),
+        default=DEFAULT_CONNECT_TIMEOUT_S,
+        show_default=True,
+        help="Seconds to reach a NATS server before giving up with an error.",
+    )(f)
+
+
+def once(nats: ConnectOptions, timeout_s: float) -> ConnectOptions:
+    """``nats`` for a connection that gives up after ``timeout_s`` (``TimeoutError``)."""
+    return dataclasses.replace(nats, initial_timeout_s=timeout_s)
+
+
+async def connect_once(nats: ConnectOptions, timeout_s: float) -> Client:
+    """A connection within ``timeout_s``, or a :class:`click.ClickException` saying so."""
+    try:
+        return await connect(once(nats, timeout_s))
+    except TimeoutError as exc:
+        raise click.ClickException(
+            f"{exc} (--connect-timeout {timeout_s:g}); is nats-server running, and is "
+            "--nats-url (RC_NATS_URL) right?"
+        ) from None
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise click.ClickException(f"cannot connect to NATS: {exc}") from None
+
+
+def missing_stream(stream: str, prefix: str) -> click.ClickException:
+    """The error for a stream that is not on the server."""
+    return click.ClickException(
+        f"stream {stream} does not exist on this NATS server: start `reconciler run "
+        f"--prefix {prefix}` once (it creates the streams), or check --prefix and --nats-url"
+    )
+
+
+def input_problems(kind: str, payload: Any, *, subject_token: str | None = None) -> list[str]:
+    """Why ``payload`` is not a valid input of ``kind`` (empty when it is): its schema
+    first, then the checks the fold makes after the schema."""
+    try:
+        validator = load().validator(input_schema_path(kind))
+    except SchemaLoadError as exc:
+        raise click.ClickException(str(exc)) from None
+    problems = [
+        f"{'/'.join(str(p) for p in error.instance_path) or '(payload)'}: {error.message}"
+        for error in validator.iter_errors(payload)
+    ]
+    if problems:
+        return problems
+    try:
+        from_payload(kind, payload, subject_token=subject_token)
+    except DomainError as exc:
+        return [str(exc)]
+    except (ValueError, KeyError, TypeError) as exc:
+        return [f"{type(exc).__name__}: {exc}"]
+    return []
+

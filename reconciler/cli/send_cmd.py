@@ -1,0 +1,188 @@
+"""``reconciler cmd <verb>``: publish one command and print its decisions as they come.
+
+The body is ``--json BODY`` or ``key=value`` pairs (a string value) and ``key:=JSON``
+pairs (any JSON value: numbers, lists, objects); ``v`` is 1 and a ``request_id`` is
+generated when the body has none. The command is checked against its schema and the
+fold's domain checks before it is published; nothing is sent when it is bad. Then the
+decisions on ``<prefix>.out.decision.<request_id>`` are printed until the final one.
+
+Exit status: 0 for ``admitted``, ``claimed``, ``authorized`` and ``ok``; 1 for a refusal
+(``rejected``, ``no-warm``, ``refused``, ``error``), bad input, an unreachable server or
+no final decision within ``--wait``; 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import anyio
+import click
+import orjson
+from nats.errors import NoRespondersError
+from nats.js.errors import NoStreamResponseError, NotFoundError
+
+from reconciler.bus.streams import StreamNames
+from reconciler.cli.oneshot import (
+    connect_once,
+    connect_timeout_option,
+    input_problems,
+    missing_stream,
+)
+from reconciler.cli.options import bus_options, common_from, log_options
+from reconciler.core.inputs import KINDS
+
+__all__ = ["SUCCESS", "VERBS", "describe_decision", "parse_body", "send_cmd"]
+
+VERBS = tuple(sorted(kind.removeprefix("cmd.") for kind in KINDS if kind.startswith("cmd.")))
+SUCCESS = frozenset({"admitted", "claimed", "authorized", "ok"})
+
+
+def parse_body(body_json: str | None, pairs: tuple[str, ...]) -> dict[str, Any]:
+    """The command's payload from ``--json`` and ``key=value`` / ``key:=JSON`` pairs."""
+    body: dict[str, Any] = {}
+    if body_json is not None:
+        try:
+            parsed = orjson.loads(body_json)
+        except orjson.JSONDecodeError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--json") from None
+        if not isinstance(parsed, dict):
+            raise click.BadParameter("must be a JSON object", param_hint="--json")
+        body.update(parsed)
+    for pair in pairs:
+        key, sep, value = pair.partition(":=")
+        if sep and "=" not in key:
+            try:
+                body[key] = orjson.loads(value)
+            except orjson.JSONDecodeError as exc:
+                raise click.BadParameter(f"{pair!r}: the value is not JSON ({exc})") from None
+            continue
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is neither key=value nor key:=JSON")
+        body[key] = value
+    body.setdefault("v", 1)
+    if "request_id" not in body:
+        body["request_id"] = f"cli-{uuid.uuid4().hex[:16]}"
+    return body
+
+
+def describe_decision(d: dict[str, Any]) -> str:
+    """One readable line for a decision."""
+    text = f"{d.get('phase', '?'):<7} {d.get('outcome', '?')}"
+    if "reason" in d:
+        text += f" ({d['reason']})"
+    if "detail" in d:
+        text += f": {d['detail']}"
+    lease = d.get("lease")
+    if isinstance(lease, dict):
+        gpus = f", gpus {lease['gpus']}" if lease.get("gpus") else ""
+        job = f", job {lease['job']}" if lease.get("job") else ""
+        text += (
+            f"  lease {lease.get('lease_id')}: {lease.get('instance')} on {lease.get('host')} "
+            f"({lease.get('pool')}, {lease.get('kind')}, {lease.get('state')}{job}{gpus})"
+        )
+    victims = d.get("victims")
+    if victims:
+        names = ", ".join(f"{v.get('instance')} on {v.get('host')}" for v in victims)
+        text += f"  victims: {names}"
+    return text + f"  [input {d.get('input_seq')}]"
+
+
+@click.command("cmd")
+@click.argument("verb", type=click.Choice(VERBS))
+@click.argument("pairs", nargs=-1, metavar="[key=value | key:=JSON]...")
+@click.option("--json", "body_json", metavar="BODY", help="The command as one JSON object.")
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds to wait for the final decision (0: publish only, do not wait).",
+)
+@click.option("--raw", is_flag=True, help="Print each decision as the JSON that travelled.")
+@bus_options
+@connect_timeout_option
+@log_options
+def send_cmd(
+    verb: str, pairs: tuple[str, ...], body_json: str | None, wait: float, raw: bool,
+    connect_timeout: float, **kwargs: Any,
+) -> None:  # fmt: skip
+    """Publish one command (VERB: admit, release, claim-warm…) and print its decisions.
+
+    \b
+    Examples:
+      reconciler cmd admit pool=small instance=vm-1 kind=warm
+      reconciler cmd admit --json '{"pool":"gpu","instance":"vm-2","kind":"cold",
+                                    "claims":[{"name":"g","class":"a100"}]}'
+      reconciler cmd release instance=vm-1 request_id=rel-vm-1
+    """
+    common = common_from(kwargs, name="reconciler-cmd")
+    body = parse_body(body_json, pairs)
+    problems = input_problems(f"cmd.{verb}", body)
+    if problems:
+        raise click.ClickException(
+            f"not a valid {verb} command, nothing published:\n  " + "\n  ".join(problems)
+        )
+    final = anyio.run(
+        lambda: _send(common.nats, common.prefix, verb, body, wait, raw, connect_timeout)
+    )
+    if final is None:
+        return
+    if final.get("outcome") not in SUCCESS:
+        raise SystemExit(1)
+
+
+async def _send(
+    nats: Any, prefix: str, verb: str, body: dict[str, Any], wait: float, raw: bool,
+    connect_timeout: float,
+) -> dict[str, Any] | None:  # fmt: skip
+    names = StreamNames.for_prefix(prefix)
+    request_id = str(body["request_id"])
+    decision_subject = f"{prefix}.out.decision.{request_id}"
+    nc = await connect_once(nats, connect_timeout)
+    try:
+        js = nc.jetstream()
+        sub = await nc.subscribe(decision_subject)
+        subject = f"{prefix}.in.cmd.{verb}"
+        try:
+            ack = await js.publish(
+                subject, orjson.dumps(body), headers={"Nats-Msg-Id": f"cmd:{request_id}"}
+            )
+        except (NoStreamResponseError, NoRespondersError):
+            raise missing_stream(names.in_stream, prefix) from None
+        again = " (a duplicate: already on the stream)" if ack.duplicate else ""
+        click.echo(
+            f"published {subject} request_id={request_id} as input {ack.seq}{again}", err=True
+        )
+        if wait == 0:
+            return None
+        if ack.duplicate:
+            try:
+                last = await js.get_last_msg(names.out_stream, decision_subject)
+            except NotFoundError:
+                last = None
+            if last is not None and last.data:
+                decision = orjson.loads(last.data)
+                _print(decision, raw)
+                if decision.get("phase") == "final":
+                    return dict(decision)
+        try:
+            with anyio.fail_after(wait):
+                while True:
+                    msg = await sub.next_msg(timeout=None)
+                    decision = orjson.loads(msg.data)
+                    _print(decision, raw)
+                    if decision.get("phase") == "final":
+                        return dict(decision)
+        except TimeoutError:
+            raise click.ClickException(
+                f"no final decision for {request_id} within {wait:g} s (--wait): is a "
+                f"`reconciler run` leader running with --prefix {prefix}?"
+            ) from None
+    finally:
+        await nc.close()
+
+
+def _print(decision: dict[str, Any], raw: bool) -> None:
+    click.echo(orjson.dumps(decision).decode() if raw else describe_decision(decision))
