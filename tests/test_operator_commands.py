@@ -269,3 +269,36 @@ def test_status_and_audit_refuse_a_file_that_is_not_a_replicas_store(tmp_path: P
     code, _, err = invoke("status", "--db", str(tmp_path / "absent.db"))
     assert code == 1 and "no store at" in err
     assert not (tmp_path / "absent.db").exists()
+
+
+def test_a_follower_catching_up_logs_old_decisions_at_debug_only(
+    served: tuple[str, Path],
+) -> None:
+    url, tmp = served
+
+    async def old_news(bus: BusClient) -> None:
+        await bus.send(b.pool("web", cpu=64), b.admit("r-big", "web", "vm-big"))
+        await bus.send_raw("rc.in.cmd.admit", b"not json")
+        await bus.decision("r-big")
+        await bus.wait_caught_up()
+
+    on_bus(url, old_news)
+    follower = RunningProcess(
+        url, tmp / "follower.db", tmp / "follower.log", "--replica", "follower",
+        "--log-level", "info",
+    )  # fmt: skip
+    try:
+
+        async def synced(bus: BusClient) -> None:
+            import anyio
+
+            with anyio.fail_after(20):
+                while not any(e.get("event") == "caches.synced" for e in follower.lines()):
+                    await anyio.sleep(0.1)
+
+        on_bus(url, synced)
+    finally:
+        assert follower.stop() == 0
+    events = [line.get("event") for line in follower.lines()]
+    assert "caches.synced" in events
+    assert "decision" not in events and "dead_letter" not in events
