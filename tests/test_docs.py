@@ -89,7 +89,9 @@ def _asyncapi_validator() -> jsonschema_rs.Validator:
 def test_the_asyncapi_document_is_valid_asyncapi_3() -> None:
     validator = _asyncapi_validator()
     document = orjson.loads((ROOT / "docs" / "asyncapi.json").read_bytes())
-    errors = [f"{list(e.instance_path)}: {e.message[:200]}" for e in validator.iter_errors(document)]
+    errors = [
+        f"{list(e.instance_path)}: {e.message[:200]}" for e in validator.iter_errors(document)
+    ]
     assert not errors, errors[:5]
     broken = {**document, "channels": {"x": {"address": 5}}}
     assert not validator.is_valid(broken)
@@ -161,7 +163,8 @@ def _commands() -> dict[str, click.Command]:
 
 
 def _section(text: str, name: str) -> str:
-    match = re.search(rf"^## `reconciler {re.escape(name)}\b.*?$(.*?)(?=^## |\Z)", text, re.M | re.S)
+    heading = rf"^## `reconciler {re.escape(name)}\b.*?$(.*?)(?=^## |\Z)"
+    match = re.search(heading, text, re.M | re.S)
     assert match, f"docs/cli.md has no section '## `reconciler {name}…`'"
     return match.group(1)
 

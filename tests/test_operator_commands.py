@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -234,9 +235,7 @@ def test_audit_and_status_after_the_demo(nats_url: str, tmp_path: Path) -> None:
     assert f"executor create {victim['instance']} on {victim['host']}" in out
     assert f"executor delete (preempted) {victim['instance']} on {victim['host']}  command" in out
     assert out.index("→ victim") < out.index("executor delete") < out.index("victim → released")
-    as_json = invoke(
-        "audit", victim["instance"], "--db", str(db), "--nats-url", nats_url, "--json"
-    )
+    as_json = invoke("audit", victim["instance"], "--db", str(db), "--nats-url", nats_url, "--json")
     types = [orjson.loads(line)["type"] for line in as_json[1].splitlines()]
     assert types.count("command") == 2 and "input" in types
 
@@ -288,15 +287,10 @@ def test_a_follower_catching_up_logs_old_decisions_at_debug_only(
         "--log-level", "info",
     )  # fmt: skip
     try:
-
-        async def synced(bus: BusClient) -> None:
-            import anyio
-
-            with anyio.fail_after(20):
-                while not any(e.get("event") == "caches.synced" for e in follower.lines()):
-                    await anyio.sleep(0.1)
-
-        on_bus(url, synced)
+        deadline = time.monotonic() + 20
+        while not any(e.get("event") == "caches.synced" for e in follower.lines()):
+            assert time.monotonic() < deadline, "the follower never synced"
+            time.sleep(0.1)
     finally:
         assert follower.stop() == 0
     events = [line.get("event") for line in follower.lines()]

@@ -172,9 +172,7 @@ def asyncapi_document(root: Path | None = None) -> dict[str, Any]:
             "messages": [{"$ref": f"#/channels/query.{name}/messages/{req_key}"}],
             "reply": {
                 "channel": {"$ref": f"#/channels/query.{name}.reply"},
-                "messages": [
-                    {"$ref": f"#/channels/query.{name}.reply/messages/{reply_key}"}
-                ],
+                "messages": [{"$ref": f"#/channels/query.{name}.reply/messages/{reply_key}"}],
             },
         }
     return {

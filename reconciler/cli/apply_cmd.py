@@ -121,8 +121,7 @@ def read_items(text: str, *, source: str) -> tuple[list[ConfigItem], list[str]]:
     type=click.FloatRange(min=0),
     default=10.0,
     show_default=True,
-    help="Seconds to wait for a replica to fold the items and report rejections "
-    "(0: publish only).",
+    help="Seconds to wait for a replica to fold the items and report rejections (0: publish only).",
 )
 @click.option("--dry-run", is_flag=True, help="Validate only; publish nothing.")
 @bus_options
@@ -152,16 +151,13 @@ def apply_cmd(file: Any, wait: float, dry_run: bool, connect_timeout: float, **k
     items, problems = read_items(file.read(), source=source)
     if problems:
         raise click.ClickException(
-            f"{source}: {len(problems)} problem(s), nothing published:\n  "
-            + "\n  ".join(problems)
+            f"{source}: {len(problems)} problem(s), nothing published:\n  " + "\n  ".join(problems)
         )
     if dry_run:
         for item in items:
             click.echo(f"valid  {item.subject(common.prefix)}")
         return
-    rejected = anyio.run(
-        lambda: _publish(common.nats, common.prefix, items, wait, connect_timeout)
-    )
+    rejected = anyio.run(lambda: _publish(common.nats, common.prefix, items, wait, connect_timeout))
     if rejected:
         raise SystemExit(1)
 

@@ -98,4 +98,3 @@ def input_problems(kind: str, payload: Any, *, subject_token: str | None = None)
     except (ValueError, KeyError, TypeError) as exc:
         return [f"{type(exc).__name__}: {exc}"]
     return []
-
