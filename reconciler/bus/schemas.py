@@ -3,7 +3,8 @@
 Rules:
 
 - The directory is ``$RC_SCHEMAS_DIR`` when set, else ``schemas/`` beside the ``reconciler``
-  package (``Path(__file__).resolve().parents[2] / "schemas"``).
+  package (``Path(__file__).resolve().parents[2] / "schemas"``, a checkout), else
+  ``<sys.prefix>/share/reconciler/schemas`` (where a wheel install puts them).
 - Every ``*.json`` file below it is one schema (draft 2020-12) with an ``$id`` under
   :data:`BASE_URI`; schemas refer to each other (``../defs.json#/$defs/…``) through one
   offline registry, so nothing is ever fetched over the network.
@@ -16,6 +17,7 @@ Rules:
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -43,11 +45,14 @@ class SchemaLoadError(RuntimeError):
 
 
 def schemas_dir() -> Path:
-    """Where the schemas are: ``$RC_SCHEMAS_DIR``, else the repository's ``schemas/``."""
+    """Where the schemas are: ``$RC_SCHEMAS_DIR``, else the checkout's ``schemas/``, else
+    the installed copy."""
     override = os.environ.get(SCHEMAS_DIR_ENV)
     if override:
         return Path(override)
-    return Path(__file__).resolve().parents[2] / "schemas"
+    checkout = Path(__file__).resolve().parents[2] / "schemas"
+    installed = Path(sys.prefix) / "share" / "reconciler" / "schemas"
+    return installed if not checkout.is_dir() and installed.is_dir() else checkout
 
 
 def input_schema_path(kind: str) -> str:
