@@ -188,3 +188,21 @@ def test_every_command_and_option_is_in_the_cli_doc() -> None:
                 if not re.search(rf"`{re.escape(opt)}\b", where):
                     missing.append(f"{name} {opt}")
     assert not missing, f"docs/cli.md does not document: {missing}"
+
+
+def test_an_installed_copy_finds_its_schemas_without_a_checkout(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import sys
+
+    from reconciler.bus import schemas
+
+    monkeypatch.delenv(schemas.SCHEMAS_DIR_ENV, raising=False)
+    installed = tmp_path / "share" / "reconciler" / "schemas"
+    installed.mkdir(parents=True)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    monkeypatch.setattr(schemas, "__file__", str(tmp_path / "lib" / "reconciler" / "bus" / "x.py"))
+    assert schemas.schemas_dir() == installed
+    # a checkout wins over an installed copy
+    monkeypatch.setattr(schemas, "__file__", str(ROOT / "reconciler" / "bus" / "schemas.py"))
+    assert schemas.schemas_dir() == ROOT / "schemas"

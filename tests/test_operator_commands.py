@@ -93,6 +93,13 @@ def test_apply_then_cmd_then_query(served: tuple[str, Path]) -> None:
     assert "published rc.in.cmd.admit request_id=r1" in err
     assert out.startswith("final   admitted  lease ")
     assert "vm-1 on h1 (web, cold, reserved, job job-1)" in out
+    # the same request again: deduplicated by the stream, its decision shown again
+    again = invoke(
+        "cmd", "admit", "pool=web", "instance=vm-1", "kind=cold", "job=job-1",
+        "request_id=r1", "--nats-url", url,
+    )  # fmt: skip
+    assert again[0] == 0 and "(a duplicate: already on the stream)" in again[2]
+    assert again[1] == out
 
     # a generated request id, a refusal: exit 1 with the reason
     code, out, err = invoke(

@@ -114,7 +114,7 @@ def read_items(text: str, *, source: str) -> tuple[list[ConfigItem], list[str]]:
     return items, problems
 
 
-@click.command("apply")
+@click.command("apply", short_help="Publish pools, classes, GPU settings from a file.")
 @click.argument("file", type=click.File("r", encoding="utf-8"))
 @click.option(
     "--wait",

@@ -26,7 +26,7 @@ __all__ = ["QUERIES", "query_cmd"]
 QUERIES = ("assignments", "effective-runtime", "health", "lease", "resolve", "unsuitable-hosts")
 
 
-@click.command("query")
+@click.command("query", short_help="Ask the replicas a query and print the reply.")
 @click.argument("name", type=click.Choice(QUERIES))
 @click.argument("request", required=False, default="{}", metavar="[JSON]")
 @click.option(

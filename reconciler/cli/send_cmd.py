@@ -89,7 +89,7 @@ def describe_decision(d: dict[str, Any]) -> str:
     return text + f"  [input {d.get('input_seq')}]"
 
 
-@click.command("cmd")
+@click.command("cmd", short_help="Publish one command and print its decisions.")
 @click.argument("verb", type=click.Choice(VERBS))
 @click.argument("pairs", nargs=-1, metavar="[key=value | key:=JSON]...")
 @click.option("--json", "body_json", metavar="BODY", help="The command as one JSON object.")
