@@ -303,3 +303,15 @@ def test_a_follower_catching_up_logs_old_decisions_at_debug_only(
     events = [line.get("event") for line in follower.lines()]
     assert "caches.synced" in events
     assert "decision" not in events and "dead_letter" not in events
+
+
+def test_apply_reports_a_configuration_the_reconciler_rejects(served: tuple[str, Path]) -> None:
+    url, tmp = served
+    unusable = tmp / "unusable.json"
+    unusable.write_text(orjson.dumps(b.pool("odd", min_ready=3, max_ready=2)[1]).decode())
+    code, out, err = invoke("apply", str(unusable), "--nats-url", url)
+    assert code == 1, out + err
+    assert "published rc.in.config.pool.odd" in out
+    assert "rejected pool odd:" in err and "min_ready" in err
+    code, out, _ = invoke("apply", str(unusable), "--dry-run", "--nats-url", url)
+    assert code == 0 and out.strip() == "valid  rc.in.config.pool.odd"
