@@ -33,8 +33,9 @@ from reconciler.cli.oneshot import (
     connect_timeout_option,
     input_problems,
     missing_stream,
+    oneshot_log_options,
 )
-from reconciler.cli.options import bus_options, common_from, log_options
+from reconciler.cli.options import bus_options, common_from
 
 __all__ = ["ConfigItem", "apply_cmd", "read_items"]
 
@@ -126,7 +127,7 @@ def read_items(text: str, *, source: str) -> tuple[list[ConfigItem], list[str]]:
 @click.option("--dry-run", is_flag=True, help="Validate only; publish nothing.")
 @bus_options
 @connect_timeout_option
-@log_options
+@oneshot_log_options
 def apply_cmd(file: Any, wait: float, dry_run: bool, connect_timeout: float, **kwargs: Any) -> None:
     """Validate every pool, class, GPU profile and GPU policy in FILE (YAML or JSON), then
     publish them all, or nothing if any is invalid.

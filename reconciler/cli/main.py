@@ -16,7 +16,7 @@ from reconciler.bus.embedded import NatsServerNotFound
 from reconciler.cli.audit import audit_lines
 from reconciler.cli.gc_policy import apply_gc_threshold
 from reconciler.cli.logs import LOG_LEVELS, configure_logging
-from reconciler.cli.oneshot import connect_timeout_option, once
+from reconciler.cli.oneshot import connect_timeout_option, once, oneshot_log_options
 from reconciler.cli.options import (
     bus_options,
     common_from,
@@ -168,7 +168,7 @@ def run(**kwargs: Any) -> None:
     "--show", type=click.IntRange(min=0), default=20, show_default=True, help="Divergences shown."
 )
 @connect_timeout_option
-@log_options
+@oneshot_log_options
 def replay_command(
     db: Path | None, as_json: bool, show: int, connect_timeout: float, **kwargs: Any
 ) -> None:
@@ -243,7 +243,7 @@ def replay_command(
     help="Do not fetch the input messages from the stream (works without NATS).",
 )
 @connect_timeout_option
-@log_options
+@oneshot_log_options
 def audit(
     identifier: str, as_json: bool, no_inputs: bool, connect_timeout: float, **kwargs: Any
 ) -> None:
@@ -276,7 +276,7 @@ def audit(
 @cli.command()
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print host and pool status as JSON lines.")
-@log_options
+@oneshot_log_options
 def status(db: Path, as_json: bool, log_format: str, log_level: str) -> None:
     """Hosts and pools at a glance, from the store of a (running or stopped) replica."""
     if not db.exists():

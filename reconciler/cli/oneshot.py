@@ -8,6 +8,7 @@ Rules:
   daemons (``run``, ``bridge``, ``executor``) do.
 - A stream that does not exist is an error that names it and the prefix, never an empty
   answer.
+- They log warnings and errors only, unless ``--log-level`` asks for more.
 - The schemas are loaded before anything is sent: a payload is checked against its schema
   and against the fold's own domain checks, so bad input is refused here, untouched.
 """
@@ -23,6 +24,7 @@ from nats.aio.client import Client
 
 from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.schemas import SchemaLoadError, input_schema_path, load
+from reconciler.cli.logs import LOG_FORMATS, LOG_LEVELS
 from reconciler.core.inputs import DomainError, from_payload
 
 __all__ = [
@@ -32,11 +34,35 @@ __all__ = [
     "input_problems",
     "missing_stream",
     "once",
+    "oneshot_log_options",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
+
+
+def oneshot_log_options(f: F) -> F:
+    """``--log-format`` and ``--log-level`` for a command that runs once: it logs warnings
+    and errors unless asked for more (its result is what it prints, not its logs)."""
+    f = click.option(
+        "--log-level",
+        envvar="RC_LOG_LEVEL",
+        show_envvar=True,
+        type=click.Choice(LOG_LEVELS, case_sensitive=False),
+        default="warning",
+        show_default=True,
+        help="Least severe level logged.",
+    )(f)
+    return click.option(
+        "--log-format",
+        envvar="RC_LOG_FORMAT",
+        show_envvar=True,
+        type=click.Choice(LOG_FORMATS),
+        default="text",
+        show_default=True,
+        help="Log lines as JSON objects or as readable text.",
+    )(f)
 
 
 def connect_timeout_option(f: F) -> F:

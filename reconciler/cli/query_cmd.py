@@ -18,8 +18,8 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from reconciler.bus.schemas import SchemaLoadError, load
-from reconciler.cli.oneshot import connect_once, connect_timeout_option
-from reconciler.cli.options import bus_options, common_from, log_options
+from reconciler.cli.oneshot import connect_once, connect_timeout_option, oneshot_log_options
+from reconciler.cli.options import bus_options, common_from
 
 __all__ = ["QUERIES", "query_cmd"]
 
@@ -38,7 +38,7 @@ QUERIES = ("assignments", "effective-runtime", "health", "lease", "resolve", "un
 )
 @bus_options
 @connect_timeout_option
-@log_options
+@oneshot_log_options
 def query_cmd(
     name: str, request: str, timeout: float, connect_timeout: float, **kwargs: Any
 ) -> None:

@@ -28,8 +28,9 @@ from reconciler.cli.oneshot import (
     connect_timeout_option,
     input_problems,
     missing_stream,
+    oneshot_log_options,
 )
-from reconciler.cli.options import bus_options, common_from, log_options
+from reconciler.cli.options import bus_options, common_from
 from reconciler.core.inputs import KINDS
 
 __all__ = ["SUCCESS", "VERBS", "describe_decision", "parse_body", "send_cmd"]
@@ -103,7 +104,7 @@ def describe_decision(d: dict[str, Any]) -> str:
 @click.option("--raw", is_flag=True, help="Print each decision as the JSON that travelled.")
 @bus_options
 @connect_timeout_option
-@log_options
+@oneshot_log_options
 def send_cmd(
     verb: str, pairs: tuple[str, ...], body_json: str | None, wait: float, raw: bool,
     connect_timeout: float, **kwargs: Any,
