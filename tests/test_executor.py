@@ -323,6 +323,20 @@ def bus_url(nc: Client) -> str:
 # ------------------------------------------------------------------------ deleting
 
 
+async def test_create_honours_the_pools_instance_type(fleet: Fleet, bus: Client, db: Path) -> None:
+    command = create_cmd(CPU, "w-ct-1", "L40", instance_type="container")
+    async with running_executor(fast_config(bus_url(bus), db, endpoints_of(fleet))) as running:
+        await publish(bus, command)
+        record = await running.record("create:L40")
+        assert record.outcome == "created"
+        await settled(bus, CPU)
+
+    made = instance(fleet, CPU, "w-ct-1")
+    assert made is not None
+    assert made.type == "container"
+    assert made.is_running
+
+
 async def test_delete_stops_and_deletes_a_running_vm(fleet: Fleet, bus: Client, db: Path) -> None:
     fleet.host(CPU).add_instance("w-1", project="ci", status="Running", config={TAG_LEASE_ID: "L1"})
     log = ActionLog(fleet)
