@@ -38,9 +38,11 @@ from reconciler.bus.schemas import SchemaSet, load
 from reconciler.core.model import Resources
 from reconciler.incus.errors import (
     ApiRejected,
+    CreateRefused,
     IncusError,
     IncusUnavailable,
     InstanceExists,
+    InstanceNameTaken,
     InstanceRunning,
     OperationFailed,
     OperationTimedOut,
@@ -320,6 +322,10 @@ def classify(exc: IncusError) -> Failure:
         return Failure(retry=Retry.FOREVER, reason="unavailable", error=error)
     if isinstance(exc, OperationTimedOut):
         return Failure(retry=Retry.FOREVER, reason="timed-out", error=error)
+    if isinstance(exc, InstanceNameTaken):
+        return Failure(retry=Retry.NEVER, reason="name-taken", error=error)
+    if isinstance(exc, CreateRefused):
+        return Failure(retry=Retry.NEVER, reason="refused", error=error)
     if isinstance(exc, OperationFailed):
         if _BUSY in exc.err:
             return Failure(retry=Retry.FOREVER, reason="busy", error=error)
