@@ -96,11 +96,16 @@ async def whole_system(
             tg.start_soon(Bridge([bridge]).run)
             with anyio.fail_after(15):
                 await executor.ready.wait()
+            await until("the bridge brought the host in", lambda: _has_host(replica))
             yield replica
             stop.set()
             tg.cancel_scope.cancel()
     finally:
         await host.aclose()
+
+
+def _has_host(replica: Replica) -> bool:
+    return replica.caches is not None and HOST in replica.caches.state.hosts
 
 
 def ready_warm(replica: Replica) -> int:
