@@ -31,7 +31,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -81,7 +81,6 @@ class LocalIncus:
     process: subprocess.Popen[bytes]
     image: str = IMAGE_ALIAS
     version: str = ""
-    started: list[str] = field(default_factory=list)
 
     @property
     def socket(self) -> Path:
@@ -125,7 +124,8 @@ class LocalIncus:
     def instances(self) -> list[dict[str, object]]:
         """Every instance, in every project, with its state."""
         found = self.query("/1.0/instances?recursion=1&all-projects=true")
-        assert isinstance(found, list)
+        if not isinstance(found, list):
+            raise RuntimeError(f"incus query /1.0/instances: not a list: {found!r}")
         return found
 
     def launch(
