@@ -38,6 +38,7 @@ from reconciler.incus.simulator.host import SimHost, SimInstance
 from reconciler.incus.simulator.operations import Operation
 from reconciler.incus.simulator.wire import (
     ApiError,
+    StatusCode,
     async_response,
     error_response,
     sync_response,
@@ -292,7 +293,7 @@ async def patch_instance(request: web.Request) -> web.Response:
         name=request.match_info["name"],
         request=body,
         replace=False,
-        requestor=requestor(request),
+        requestor=requestor(request) if host.version.patch_update_has_requestor else None,
     )
     return sync_response({})
 
@@ -357,6 +358,9 @@ async def wait_operation(request: web.Request) -> web.Response:
     except ValueError:
         timeout = -1
     await op.wait(timeout)
+    failed = op.status in (StatusCode.FAILURE, StatusCode.CANCELLED)
+    if failed and _host(request).version.wait_failure_is_error_envelope:
+        return error_response(500, op.err, http_status=200)  # Incus 6.0
     return sync_response(op.render())
 
 

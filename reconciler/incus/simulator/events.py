@@ -52,7 +52,7 @@ def lifecycle_event(
     if requestor is not None:
         metadata["requestor"] = requestor
     if context:
-        metadata["context"] = context
+        metadata["context"] = dict(sorted(context.items()))  # a Go map: keys sorted
     metadata["name"] = name
     metadata["project"] = project
     return {

@@ -39,7 +39,14 @@ class OperationFailure(Exception):
 class Operation:
     """One background task of Incus (class "task")."""
 
-    def __init__(self, *, description: str, project: str, resources: dict[str, list[str]]) -> None:
+    def __init__(
+        self,
+        *,
+        description: str,
+        project: str,
+        resources: dict[str, list[str]],
+        metadata: Any = None,
+    ) -> None:
         self.id = str(uuid.uuid4())
         self.project = project
         self.description = description
@@ -48,7 +55,7 @@ class Operation:
         self.updated_at = self.created_at
         self.status = StatusCode.PENDING
         self.err = ""
-        self.metadata: dict[str, Any] = {}
+        self.metadata: Any = metadata  # null on Incus 6.0, {} on 7.x, until work sets it
         self.done = asyncio.Event()
 
     @property
@@ -72,7 +79,7 @@ class Operation:
             "status": self.status.label,
             "status_code": int(self.status),
             "resources": self.resources,
-            "metadata": self.metadata,
+            "metadata": self.metadata if self.metadata is None else dict(self.metadata),
             "may_cancel": False,
             "err": self.err,
             "location": "none",
@@ -90,8 +97,15 @@ class Operation:
 class Operations:
     """The operations of one host: run, look up, expire."""
 
-    def __init__(self, *, retention_s: float = 5.0, on_change: Listener | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        retention_s: float = 5.0,
+        on_change: Listener | None = None,
+        empty_metadata: Any = None,
+    ) -> None:
         self.retention_s = retention_s
+        self._empty_metadata = empty_metadata
         self._by_id: dict[str, Operation] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._expiries: set[asyncio.TimerHandle] = set()
@@ -100,7 +114,10 @@ class Operations:
     def start(self, *, description: str, project: str, instance_url: str, work: Work) -> Operation:
         """Create an operation for ``work`` and start it; it is Running when returned."""
         op = Operation(
-            description=description, project=project, resources={"instances": [instance_url]}
+            description=description,
+            project=project,
+            resources={"instances": [instance_url]},
+            metadata=self._empty_metadata,
         )
         self._by_id[op.id] = op
         self._notify(op)
