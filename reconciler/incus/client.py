@@ -12,11 +12,6 @@ Rules:
   ``operation_timeout_s`` passes (:class:`~reconciler.incus.errors.OperationTimedOut`);
   a failed operation raises an error named after its condition
   (:mod:`reconciler.incus.errors`).
-- **Incus 6.0 LTS and 7.x alike.** A failed operation's ``/wait`` is a sync envelope with
-  ``status_code`` 400 on 7.x and HTTP 200 with an *error* envelope on 6.0; a missing
-  instance is "Instance not found" on 7.x and ``Failed to fetch instance "N" in project
-  "P": Instance not found`` on 6.0; a taken name is a sync 409 on 7.x and a failed create
-  operation (``UNIQUE constraint failed``) on 6.0. Each pair maps to the same error.
 - **Idempotent mutations, after DRA's Deallocate rule**: creating an instance that
   already exists with the same ``user.rc.lease-id`` returns it; starting a running one,
   stopping a stopped one, and stopping or deleting a missing one succeed.
@@ -70,11 +65,6 @@ from reconciler.incus.views import (
 __all__ = ["IncusEndpoint", "IncusHost", "endpoints_from_fleet_file"]
 
 T = TypeVar("T")
-
-#: how Incus says "instance not found" (7.x: exactly this; 6.0: with the name before it)
-_INSTANCE_NOT_FOUND = "Instance not found"
-#: how Incus says the name is taken (7.x: a 409; 6.0: inside the create operation)
-_NAME_TAKEN = ("already exists", "UNIQUE constraint failed: instances.project_id, instances.name")
 
 #: operation errors that name a condition, by Incus's text
 _OPERATION_ERRORS: tuple[tuple[str, type[OperationFailed]], ...] = (
@@ -154,7 +144,7 @@ class IncusHost:
         except InstanceExists:
             return await self._existing(spec)
         except OperationFailed as exc:
-            if not any(text in exc.err for text in _NAME_TAKEN):
+            if "already exists" not in exc.err:
                 raise
             return await self._existing(spec)
         view = await self.get_instance(spec.name, project=spec.project)
@@ -282,15 +272,9 @@ class IncusHost:
                     self.name, f"operation {op_id} still running after {self.operation_timeout_s} s"
                 )
             slice_s = max(1, min(int(remaining), 30))
-            try:
-                response = self._node(("operations", op_id, "wait")).get(
-                    params={"timeout": slice_s}, timeout=slice_s + self.request_timeout_s
-                )
-            except pylxd_errors.LXDAPIException as exc:
-                failure = _failed_wait(exc)
-                if failure is None:
-                    raise
-                raise self._operation_error(failure) from exc
+            response = self._node(("operations", op_id, "wait")).get(
+                params={"timeout": slice_s}, timeout=slice_s + self.request_timeout_s
+            )
             op: dict[str, Any] = response.json()["metadata"]
             code = int(op.get("status_code", 0))
             if code >= 200:
@@ -299,7 +283,7 @@ class IncusHost:
                 raise self._operation_error(str(op.get("err") or op.get("status", "")))
 
     def _operation_error(self, err: str) -> OperationFailed | InstanceNotFound:
-        if err.endswith(_INSTANCE_NOT_FOUND):
+        if err == "Instance not found":
             return InstanceNotFound(self.name, err, status=404)
         for text, kind in _OPERATION_ERRORS:
             if text in err:
@@ -357,7 +341,7 @@ class IncusHost:
         message = str(exc)
         if status == 404:
             kind: type[ApiRejected] = (
-                InstanceNotFound if message.endswith(_INSTANCE_NOT_FOUND) else NotFound
+                InstanceNotFound if message == "Instance not found" else NotFound
             )
             return kind(self.name, message, status=status)
         if status == 400 and message == "Instance is running":
@@ -376,17 +360,3 @@ class IncusHost:
     async def aclose(self) -> None:
         """Close the HTTP session (idempotent)."""
         self._drop_client()
-
-
-def _failed_wait(exc: pylxd_errors.LXDAPIException) -> str | None:
-    """Incus 6.0's ``/wait`` of a failed operation: HTTP 200, error envelope → its error."""
-    response = exc.response
-    if response is None or response.status_code != 200:
-        return None
-    try:
-        body = response.json()
-    except ValueError:
-        return None
-    if not isinstance(body, dict) or body.get("type") != "error":
-        return None
-    return str(body.get("error") or "operation failed")
