@@ -143,7 +143,7 @@ async def test_a_failed_operations_wait_is_an_error_envelope_on_6(
         "status": "",
         "status_code": 0,
         "operation": "",
-        "error_code": 500,
+        "error_code": 400,  # Incus's error value is a 400 (api.StatusErrorf)
         "error": "The instance is already stopped",
         "metadata": None,
     }
@@ -153,6 +153,14 @@ async def test_a_failed_operations_wait_is_an_error_envelope_on_6(
         "Failure",
         400,
         "The instance is already stopped",
+    )
+    for _ in range(2):  # the second start fails with a plain error: 500
+        _, answer = await call(http, "PUT", "/1.0/instances/w1/state", {"action": "start"})
+        status, body = await waited(http, answer)
+    assert (status, body["error_code"], body["error"]) == (
+        200,
+        500,
+        "The instance is already running",
     )
 
 

@@ -360,7 +360,7 @@ async def wait_operation(request: web.Request) -> web.Response:
     await op.wait(timeout)
     failed = op.status in (StatusCode.FAILURE, StatusCode.CANCELLED)
     if failed and _host(request).version.wait_failure_is_error_envelope:
-        return error_response(500, op.err, http_status=200)  # Incus 6.0
+        return error_response(op.err_status, op.err, http_status=200)  # Incus 6.0
     return sync_response(op.render())
 
 

@@ -462,7 +462,7 @@ class SimHost:
         self, inst: SimInstance, requestor: dict[str, str] | None, *, force: bool
     ) -> None:
         if not inst.is_running:
-            raise OperationFailure("The instance is already stopped")
+            raise OperationFailure("The instance is already stopped", status=400)
         await self._sleep(self.timing.action_delay_s if force else self.timing.shutdown_delay_s)
         self._power_off(inst)
         self._emit(inst, "instance-stopped" if force else "instance-shutdown", requestor)
@@ -491,7 +491,7 @@ class SimHost:
 
     async def _unfreeze(self, inst: SimInstance, requestor: dict[str, str]) -> None:
         if inst.status is not StatusCode.FROZEN:
-            raise OperationFailure("The instance isn't frozen")
+            raise OperationFailure(self.version.not_frozen_error(inst.type))
         inst.status = inst.thawed_status
         self._emit(inst, "instance-resumed", requestor)
 

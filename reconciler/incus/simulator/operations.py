@@ -33,7 +33,15 @@ Listener = Callable[["Operation"], None]
 
 
 class OperationFailure(Exception):
-    """Raised by an operation's work: the operation fails with this message as ``err``."""
+    """Raised by an operation's work: the operation fails with this message as ``err``.
+
+    ``status`` is the HTTP status of Incus's error value (``api.StatusErrorf``; a plain
+    error is 500): Incus 6.0 shows it as the ``error_code`` of a failed ``/wait``.
+    """
+
+    def __init__(self, message: str, *, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Operation:
@@ -55,6 +63,7 @@ class Operation:
         self.updated_at = self.created_at
         self.status = StatusCode.PENDING
         self.err = ""
+        self.err_status = 500  # the HTTP status of the error that failed it
         self.metadata: Any = metadata  # null on Incus 6.0, {} on 7.x, until work sets it
         self.done = asyncio.Event()
 
@@ -150,6 +159,7 @@ class Operations:
         try:
             await work()
         except OperationFailure as exc:
+            op.err_status = exc.status
             self._finish(op, StatusCode.FAILURE, str(exc))
         except asyncio.CancelledError:
             self._finish(op, StatusCode.CANCELLED, "Operation cancelled")

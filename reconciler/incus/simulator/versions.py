@@ -78,6 +78,12 @@ class IncusVersion:
             return "The container is already frozen"
         return "The instance is already frozen"
 
+    def not_frozen_error(self, instance_type: str) -> str:
+        """Unfreezing what is not frozen (6.0's container driver says it runs)."""
+        if self.lts and instance_type == "container":
+            return "The container is already running"
+        return "The instance isn't frozen"
+
     # ------------------------------------------------------------------ events, resources
 
     @property

@@ -1,0 +1,80 @@
+"""The simulator held to a real Incus 6.0 daemon: the same requests, the same answers.
+
+One scenario (:mod:`tests.incus.differential`: raw HTTP on the unix socket, then pylxd,
+with ``/1.0/events`` watched) runs once against the session's private real daemon
+(``tests/realincus.py``) and once against the simulator playing Incus 6.0 LTS (its
+default) with the daemon's situation: one ``busybox`` container image, no
+``vhost_vsock``. Every step is its own test (the id is the step's), then the lifecycle
+event sequence and the operation events are compared, ids and timestamps masked.
+A difference is a bug in the simulator (fix it there) or, if Incus is wrong for us, in the
+adapter; ``docs/incus-simulator.md`` lists every difference this test found.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import anyio
+import pytest
+
+from reconciler.incus.simulator import Fleet, FleetOptions, HostShape, Listen
+from tests.incus.differential import PYLXD_STEPS, STEPS, Transcript, run_scenario
+from tests.realincus import RealIncus
+
+pytestmark = pytest.mark.real_incus
+
+STEP_IDS = [s.id for s in STEPS] + [p[0] for p in PYLXD_STEPS]
+SIM_HOST = "diff"
+
+
+async def _simulated() -> Transcript:
+    directory = Path(tempfile.mkdtemp(prefix="diff-"))
+    try:
+        fleet = Fleet(
+            [HostShape(name=SIM_HOST, storage_pool="default")],
+            listen=Listen(kind="unix", directory=directory),
+            options=FleetOptions(boot_delay_s=0.2, operation_retention_s=6.0),
+        )
+        host = fleet.host(SIM_HOST)
+        host.images = {"busybox": "container"}
+        host.vm_unsupported = "vhost_vsock kernel module not loaded"
+        async with fleet:
+            socket = fleet.socket(SIM_HOST)
+            assert socket is not None
+            return await run_scenario(socket)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def transcripts(real_incus_daemon: RealIncus) -> tuple[Transcript, Transcript]:
+    """(simulator, real daemon) transcripts of the whole scenario, run once."""
+    real_incus_daemon.clean()
+    try:
+        real = anyio.run(run_scenario, real_incus_daemon.socket)
+    finally:
+        real_incus_daemon.clean()
+    return anyio.run(_simulated), real
+
+
+@pytest.mark.parametrize("step", STEP_IDS)
+def test_the_simulator_answers_as_incus(
+    transcripts: tuple[Transcript, Transcript], step: str
+) -> None:
+    sim, real = transcripts
+    assert sim.steps[step] == real.steps[step]
+
+
+def test_the_same_lifecycle_events_in_the_same_order(
+    transcripts: tuple[Transcript, Transcript],
+) -> None:
+    sim, real = transcripts
+    assert [e["action"] for e in sim.lifecycle] == [e["action"] for e in real.lifecycle]
+    assert sim.lifecycle == real.lifecycle
+
+
+def test_the_same_operation_events(transcripts: tuple[Transcript, Transcript]) -> None:
+    sim, real = transcripts
+    assert sim.operations == real.operations
