@@ -11,8 +11,9 @@ list of steps is the table in ``docs/incus-simulator.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,11 @@ import anyio
 from pylxd import Client
 from pylxd import exceptions as pylxd_errors
 
-__all__ = ["PYLXD_STEPS", "STEPS", "Step", "Transcript", "mask", "run_scenario"]
+from reconciler.incus.client import IncusEndpoint, IncusHost
+from reconciler.incus.errors import IncusError
+from reconciler.incus.views import InstanceSpec
+
+__all__ = ["ADAPTER_STEPS", "PYLXD_STEPS", "STEPS", "Step", "Transcript", "mask", "run_scenario"]
 
 IMAGE = {"type": "image", "alias": "busybox"}
 NAME = "diff-c1"
@@ -111,6 +116,12 @@ STEPS: tuple[Step, ...] = (
     Step("server", "GET", "/1.0", pick=_server),
     Step("resources-sections", "GET", "/1.0/resources", pick=_keys),
     Step("events-without-websocket", "GET", "/1.0/events"),
+    Step("storage-pool-resources", "GET", "/1.0/storage-pools/default/resources", pick=_keys),
+    Step("get-missing-storage-pool", "GET", "/1.0/storage-pools/nosuch"),
+    Step("profile-fields", "GET", "/1.0/profiles/default", pick=_keys),
+    Step("get-missing-project", "GET", "/1.0/projects/nosuch"),
+    Step("list-in-missing-project", "GET", "/1.0/instances?project=nosuch", pick=_names),
+    Step("events-of-unknown-type", "GET", "/1.0/events?type=nosuch"),
     Step("get-missing-instance", "GET", "/1.0/instances/nosuch"),
     Step("state-of-missing-instance", "PUT", "/1.0/instances/nosuch/state", {"action": "start"}),
     Step("delete-missing-instance", "DELETE", "/1.0/instances/nosuch"),
@@ -153,6 +164,26 @@ PYLXD_STEPS: tuple[tuple[str, str], ...] = (
     ("pylxd-stop", "instance.stop(wait=True) (pylxd forces)"),
     ("pylxd-delete", "instance.delete(wait=True)"),
     ("pylxd-list", "instances.all() names"),
+)
+
+
+#: the project's own adapter (``IncusHost``, over pylxd), after the pylxd calls
+ADAPTER_STEPS: tuple[tuple[str, str], ...] = (
+    ("adapter-server-info", "server_info(): server version"),
+    ("adapter-create", "create_instance(busybox container, lease L1)"),
+    ("adapter-create-same-lease", "create_instance(same name, lease L1): idempotent"),
+    ("adapter-create-other-lease", "create_instance(same name, lease L2): refused"),
+    ("adapter-create-vm", "create_instance(virtual-machine from busybox): refused"),
+    ("adapter-create-missing-image", "create_instance(image nosuch): refused"),
+    ("adapter-get-missing", "get_instance('nosuch') is None"),
+    ("adapter-start", "start_instance, then instance-ready"),
+    ("adapter-start-again", "start_instance of a running one: success"),
+    ("adapter-stop", "stop_instance (forced)"),
+    ("adapter-stop-again", "stop_instance of a stopped one: success"),
+    ("adapter-delete", "delete_instance"),
+    ("adapter-delete-again", "delete_instance of a missing one: success"),
+    ("adapter-destroy-missing", "destroy_instance of a missing one: success"),
+    ("adapter-list", "list_instances() names"),
 )
 
 
@@ -312,6 +343,60 @@ def _pylxd_steps(socket: Path, ready: Callable[[], None]) -> dict[str, Any]:
     return out
 
 
+async def _adapter_steps(socket: Path, watcher: _Watcher, seen: int) -> dict[str, Any]:
+    host = IncusHost(IncusEndpoint(host="diff", url=str(socket)), operation_timeout_s=30.0)
+    name = f"{NAME}-a"
+    out: dict[str, Any] = {}
+
+    def spec(lease: str, **fields: Any) -> InstanceSpec:
+        fields.setdefault("instance_type", "container")
+        return InstanceSpec.for_lease(
+            name=name, image="busybox", lease_id=lease, pool="diff", kind="warm", **fields
+        )
+
+    async def attempt(step_id: str, call: Callable[[], Awaitable[Any]]) -> Any:
+        try:
+            result = await call()
+        except IncusError as exc:
+            out[step_id] = {"raised": type(exc).__name__, "message": exc.message}
+            return None
+        out[step_id] = {"raised": None}
+        return result
+
+    try:
+        info = await attempt("adapter-server-info", host.server_info)
+        if info is not None:
+            out["adapter-server-info"]["version"] = ".".join(info.server_version.split(".")[:2])
+        view = await attempt("adapter-create", lambda: host.create_instance(spec("L1")))
+        if view is not None:
+            out["adapter-create"].update(status=view.status, lease=view.lease_id)
+        await attempt("adapter-create-same-lease", lambda: host.create_instance(spec("L1")))
+        await attempt("adapter-create-other-lease", lambda: host.create_instance(spec("L2")))
+        await attempt(
+            "adapter-create-vm",
+            lambda: host.create_instance(spec("L3", instance_type="virtual-machine")),
+        )
+        await attempt(
+            "adapter-create-missing-image",
+            lambda: host.create_instance(dataclasses.replace(spec("L4"), image="nosuch")),
+        )
+        missing = await attempt("adapter-get-missing", lambda: host.get_instance("nosuch"))
+        out["adapter-get-missing"]["found"] = missing is not None
+        await attempt("adapter-start", lambda: host.start_instance(name))
+        await watcher.until("instance-ready", name, after=seen)
+        await attempt("adapter-start-again", lambda: host.start_instance(name))
+        await attempt("adapter-stop", lambda: host.stop_instance(name))
+        await attempt("adapter-stop-again", lambda: host.stop_instance(name))
+        await attempt("adapter-delete", lambda: host.delete_instance(name))
+        await attempt("adapter-delete-again", lambda: host.delete_instance(name))
+        await attempt("adapter-destroy-missing", lambda: host.destroy_instance("nosuch"))
+        views = await attempt("adapter-list", host.list_instances)
+        out["adapter-list"]["names"] = sorted(v.name for v in views or [])
+    finally:
+        await host.aclose()
+    return mask(out)
+
+
 def _lifecycle_record(event: dict[str, Any]) -> dict[str, Any]:
     meta = event["metadata"]
     return {
@@ -375,6 +460,8 @@ async def run_scenario(socket: Path) -> Transcript:
 
         transcript.steps.update(mask(await anyio.to_thread.run_sync(_pylxd_steps, socket, ready)))
         await watcher.until("instance-deleted", portal_name, after=seen)
+        seen = len(watcher.events)
+        transcript.steps.update(await _adapter_steps(socket, watcher, seen))
         await watcher.settle(
             {e["metadata"]["id"] for e in watcher.events if e["type"] == "operation"}
         )

@@ -241,7 +241,8 @@ async def list_instances(request: web.Request) -> web.Response:
         chosen = host.instances_in(None)
     else:
         project = _project(request)
-        host.require_project(project)
+        if project in host.projects or not host.version.lists_missing_project_as_empty:
+            host.require_project(project)
         chosen = host.instances_in(project)
     clauses = _parse_filter(request.query.get("filter", ""))
     chosen = [i for i in chosen if _matches(host, i, clauses)]

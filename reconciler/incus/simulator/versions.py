@@ -67,6 +67,11 @@ class IncusVersion:
             )
         return f'Instance "{name}" already exists'
 
+    @property
+    def lists_missing_project_as_empty(self) -> bool:
+        """``GET /1.0/instances?project=NOSUCH``: 6.0 answers an empty list, 7.x a 404."""
+        return self.lts
+
     def missing_instance_error(self, name: str, project: str) -> str:
         """The 404 text for an instance that does not exist."""
         if self.lts:
