@@ -360,3 +360,25 @@ async def test_the_adapter_gives_one_answer_for_both(fleet: Fleet, incus_version
             await host.create_instance(InstanceSpec(name="a2", image="nosuch"))
     finally:
         await host.aclose()
+
+
+@LTS
+async def test_an_image_that_signals_late_becomes_ready_when_the_guest_says_so(
+    http: aiohttp.ClientSession, fleet: Fleet
+) -> None:
+    host = fleet.host(CPU_HOST)
+    host.timing.report_ready = False
+    await created(http, "g1")
+    assert not host.guest_ready("g1")  # stopped: nothing to report
+    async with http.ws_connect("/1.0/events?type=lifecycle") as ws:
+        _, answer = await call(http, "PUT", "/1.0/instances/g1/state", {"action": "start"})
+        await waited(http, answer)
+        await until_booted(fleet, CPU_HOST, "g1")
+        _, body = await call(http, "GET", "/1.0/instances/g1")
+        assert body["metadata"]["status_code"] == 103  # booted, but the guest said nothing
+        async with http.post("/_sim/instances/g1/ready", json={}) as response:
+            assert (await response.json())["result"] is True
+        events = await lifecycle(ws, 2)
+    assert [e["metadata"]["action"] for e in events] == ["instance-started", "instance-ready"]
+    _, body = await call(http, "GET", "/1.0/instances/g1")
+    assert body["metadata"]["status_code"] == 113

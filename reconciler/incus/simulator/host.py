@@ -13,9 +13,13 @@ Rules:
   already stopped", "The instance is already running", …).
 - **VM lifecycle.** Create (operation) → Stopped 102 and ``instance-created``. Start →
   Running 103 and ``instance-started``; after the boot delay the guest agent connects
-  (``instance-agent-started``) and the guest reports ready: Ready 113 (Incus shows Ready
-  while ``volatile.last_state.ready`` is true, set by the guest through devIncus) and
-  ``instance-ready``. A forced stop → Stopped and ``instance-stopped``; a graceful stop
+  (``instance-agent-started``, on 7.x only: Incus 6.0 has no such action) and the guest
+  reports ready with ``PATCH /1.0 {"state":"Ready"}`` on /dev/incus/sock: Ready 113
+  (Incus shows Ready while ``volatile.last_state.ready`` is true) and ``instance-ready``
+  without requestor. Refusals that Incus 6.0 makes inside the create operation (taken
+  name, missing image, image of the other type, no VM support) fail the operation and
+  emit no lifecycle event; what differs between releases is in :mod:`.versions`.
+  A forced stop → Stopped and ``instance-stopped``; a graceful stop
   (or a guest power-off) → ``instance-shutdown``. Freeze → Frozen 110
   (``instance-paused``), unfreeze → back (``instance-resumed``). Delete → gone and
   ``instance-deleted``; refused while the VM runs (any status but Stopped and Error).
@@ -23,7 +27,8 @@ Rules:
   inside its operation with ``Instance is busy running a "<action>" operation``.
 - **Faults** are one-shot per instance name (the next create/start/boot of that name) or
   counted (the next N of any name) or a rate (a seeded random draw, so runs repeat).
-- **Controls** (``remove_instance``, ``add_instance``, ``set_status``, ``guest_poweroff``,
+- **Controls** (``remove_instance``, ``add_instance``, ``set_status``, ``guest_ready``,
+  ``guest_poweroff``,
   ``fail_next_*``, ``set_boot_delay``, ``set_resources``, ``drop_event_streams``) are the
   test and demo surface, not Incus API; ``silent=True`` changes state without an event.
 """
@@ -512,13 +517,19 @@ class SimHost:
                 inst.boot = loop.call_later(self.timing.ready_delay_s, ready)
 
         def ready() -> None:
-            if inst.generation != generation or inst.status is not StatusCode.RUNNING:
-                return
-            inst.status = StatusCode.READY
-            inst.config["volatile.last_state.ready"] = "true"
-            self._emit(inst, "instance-ready", None)
+            if inst.generation == generation:
+                self._guest_ready(inst)
 
         inst.boot = loop.call_later(self.timing.boot_delay_s, agent_started)
+
+    def _guest_ready(self, inst: SimInstance) -> bool:
+        """The guest's ``PATCH /1.0 {"state":"Ready"}`` on /dev/incus/sock (devIncus)."""
+        if inst.status is not StatusCode.RUNNING:
+            return False
+        inst.status = StatusCode.READY
+        inst.config["volatile.last_state.ready"] = "true"
+        self._emit(inst, "instance-ready", None)  # the guest, not an API client: no requestor
+        return True
 
     def _power_off(self, inst: SimInstance) -> None:
         inst.generation += 1
@@ -642,6 +653,11 @@ class SimHost:
             inst.started_at = inst.last_used_at = rfc3339nano()
         if not silent:
             self._emit(inst, "instance-updated", None)
+
+    def guest_ready(self, name: str, *, project: str = "default") -> bool:
+        """The guest reports Ready now (an image that signals late, with ``--no-ready``):
+        Ready 113 and ``instance-ready``; ``False`` if it is not Running."""
+        return self._guest_ready(self.require_instance(project, name))
 
     def guest_poweroff(self, name: str, *, project: str = "default") -> None:
         """The guest powers itself off: Stopped and ``instance-shutdown`` (no requestor)."""
