@@ -194,6 +194,8 @@ class Transcript:
     steps: dict[str, Any] = field(default_factory=dict)
     lifecycle: list[Any] = field(default_factory=list)
     operations: list[Any] = field(default_factory=list)
+    #: how often the guest's instance-ready came before instance-started (see below)
+    ready_before_started: int = 0
 
 
 class _Watcher:
@@ -413,6 +415,30 @@ def _lifecycle_record(event: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: what Incus emits when a start (or restart) operation ends
+_STARTS = ("instance-started", "instance-restarted")
+
+
+def _started_before_ready(lifecycle: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The sequence with a guest's ``instance-ready`` put after its start (or restart).
+
+    On the real daemon the guest's Ready ``PATCH`` (sent by the image's init as soon as it
+    runs) races the daemon's own ``instance-started``/``-restarted``, which Incus emits
+    only when the operation ends: on a loaded machine ``instance-ready`` sometimes arrives
+    first. That order is Incus's, not a simulator choice, so the comparison takes it as
+    the simulator's (started, then ready) and counts how often it happened.
+    """
+    found = list(lifecycle)
+    swapped = 0
+    for i in range(len(found) - 1):
+        first, second = found[i], found[i + 1]
+        same = first["name"] == second["name"]
+        if same and first["action"] == "instance-ready" and second["action"] in _STARTS:
+            found[i], found[i + 1] = second, first
+            swapped += 1
+    return found, swapped
+
+
 def _operations(events: list[dict[str, Any]]) -> list[Any]:
     """Per operation: description, the statuses it went through, final err, resources.
 
@@ -468,8 +494,7 @@ async def run_scenario(socket: Path) -> Transcript:
         await ws.close()
         tasks.cancel_scope.cancel()
     transcript.steps = mask(transcript.steps)
-    transcript.lifecycle = [
-        mask(_lifecycle_record(e)) for e in watcher.events if e["type"] == "lifecycle"
-    ]
+    lifecycle = [mask(_lifecycle_record(e)) for e in watcher.events if e["type"] == "lifecycle"]
+    transcript.lifecycle, transcript.ready_before_started = _started_before_ready(lifecycle)
     transcript.operations = _operations(watcher.events)
     return transcript
