@@ -32,6 +32,12 @@ __all__ = ["ADAPTER_STEPS", "PYLXD_STEPS", "STEPS", "Step", "Transcript", "mask"
 IMAGE = {"type": "image", "alias": "busybox"}
 NAME = "diff-c1"
 MISSING_OPERATION = "00000000-0000-4000-8000-000000000000"
+PROJECT = "diffp"
+#: a project that shares the default project's images and profiles
+PROJECT_BODY = {
+    "name": PROJECT,
+    "config": {"features.images": "false", "features.profiles": "false"},
+}
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)")
@@ -152,6 +158,25 @@ STEPS: tuple[Step, ...] = (
     _state_step("stop-forced", "stop", force=True, then="instance-stopped"),
     Step("delete-stopped", "DELETE", f"/1.0/instances/{NAME}", then="instance-deleted"),
     Step("get-deleted", "GET", f"/1.0/instances/{NAME}"),
+    Step("create-project", "POST", "/1.0/projects", PROJECT_BODY),
+    Step("create-project-again", "POST", "/1.0/projects", PROJECT_BODY),
+    Step(
+        "create-in-project",
+        "POST",
+        f"/1.0/instances?project={PROJECT}",
+        {"name": NAME, "type": "container", "source": IMAGE},
+        then="instance-created",
+    ),
+    Step("list-every-project", "GET", "/1.0/instances?all-projects=true", pick=_names),
+    Step("list-in-project", "GET", f"/1.0/instances?project={PROJECT}", pick=_names),
+    Step("get-in-wrong-project", "GET", f"/1.0/instances/{NAME}"),
+    Step(
+        "delete-in-project",
+        "DELETE",
+        f"/1.0/instances/{NAME}?project={PROJECT}",
+        then="instance-deleted",
+    ),
+    Step("delete-project", "DELETE", f"/1.0/projects/{PROJECT}"),
 )
 
 #: the pylxd calls, in order, after the raw steps (each: id, what it does)
@@ -291,11 +316,13 @@ async def _raw_step(http: aiohttp.ClientSession, step: Step, op_ids: set[str]) -
         op = body["metadata"]
         op_ids.add(op["id"])
         record["operation"] = _operation(op)
-        status, waited = await _request(http, "GET", f"{body['operation']}/wait?timeout=30")
+        operation = str(body["operation"]).split("?", 1)[0]
+        record["operation-url-query"] = "?" in str(body["operation"])
+        status, waited = await _request(http, "GET", f"{operation}/wait?timeout=30")
         record["wait"] = _envelope(status, waited)
         if isinstance(waited, dict) and waited.get("type") == "sync":
             record["wait"]["operation"] = _operation(waited["metadata"])
-        status, got = await _request(http, "GET", body["operation"])
+        status, got = await _request(http, "GET", operation)
         record["get-operation"] = _envelope(status, got)
         if isinstance(got, dict) and got.get("type") == "sync":
             record["get-operation"]["operation"] = _operation(got["metadata"])
@@ -412,6 +439,7 @@ def _lifecycle_record(event: dict[str, Any]) -> dict[str, Any]:
         "context": meta.get("context"),
         "context_key_order": list(meta.get("context") or {}),
         "location": event.get("location"),
+        "event_project": event.get("project"),
     }
 
 
@@ -469,7 +497,7 @@ async def run_scenario(socket: Path) -> Transcript:
     connector = aiohttp.UnixConnector(path=str(socket))
     async with (
         aiohttp.ClientSession("http://incus", connector=connector) as http,
-        http.ws_connect("/1.0/events?type=lifecycle,operation") as ws,
+        http.ws_connect("/1.0/events?type=lifecycle,operation&all-projects=true") as ws,
         anyio.create_task_group() as tasks,
     ):
         tasks.start_soon(watcher.run, ws)

@@ -94,6 +94,9 @@ def test_the_real_daemon_did_what_the_scenario_says(
         assert steps[step]["answer"]["http"] == 202
         assert (steps[step]["wait"]["http"], steps[step]["wait"]["type"]) == (200, "error")
     assert steps["adapter-create-vm"]["raised"] == "ImageTypeMismatch"
+    assert steps["create-in-project"]["operation"]["resources"] == {
+        "instances": ["/1.0/instances/diff-c1?project=diffp"]
+    }
     assert [e["action"] for e in real.lifecycle] == [
         "instance-created",
         "instance-started",
@@ -108,6 +111,7 @@ def test_the_real_daemon_did_what_the_scenario_says(
         "instance-ready",
         "instance-stopped",  # forced stop
         "instance-deleted",
+        *("project-created", "instance-created", "instance-deleted", "project-deleted"),
         *("instance-created", "instance-started", "instance-ready"),  # pylxd
         *("instance-stopped", "instance-deleted"),
         *("instance-created", "instance-started", "instance-ready"),  # the adapter

@@ -382,3 +382,40 @@ async def test_an_image_that_signals_late_becomes_ready_when_the_guest_says_so(
     assert [e["metadata"]["action"] for e in events] == ["instance-started", "instance-ready"]
     _, body = await call(http, "GET", "/1.0/instances/g1")
     assert body["metadata"]["status_code"] == 113
+
+
+@BOTH
+async def test_projects_created_and_deleted_with_their_events(
+    http: aiohttp.ClientSession, incus_version: str
+) -> None:
+    body = {"name": "p2", "config": {"features.profiles": "false"}}
+    async with http.ws_connect("/1.0/events?type=lifecycle&all-projects=true") as ws:
+        status, _ = await call(http, "POST", "/1.0/projects", body)
+        assert status == 201
+        status, again = await call(http, "POST", "/1.0/projects", body)
+        expected = 500 if incus_version == "6.0" else 409
+        assert (status, again["error_code"]) == (expected, expected)
+        status, answer = await call(
+            http, "POST", "/1.0/instances?project=p2", {"name": "c", "source": IMAGE}
+        )
+        assert answer["metadata"]["resources"] == {"instances": ["/1.0/instances/c?project=p2"]}
+        await waited(http, answer)
+        status, refused = await call(http, "DELETE", "/1.0/projects/p2")
+        assert (status, refused["error"]) == (400, "Only empty projects can be removed")
+        _, answer = await call(http, "DELETE", "/1.0/instances/c?project=p2")
+        await waited(http, answer)
+        status, _ = await call(http, "DELETE", "/1.0/projects/p2")
+        assert status == 200
+        events = await lifecycle(ws, 4)
+    assert [e["metadata"]["action"] for e in events] == [
+        "project-created",
+        "instance-created",
+        "instance-deleted",
+        "project-deleted",
+    ]
+    assert events[0]["metadata"] == {
+        "action": "project-created",
+        "source": "/1.0/projects/p2",
+        "requestor": {"username": "root", "protocol": "unix", "address": "@"},
+    }
+    assert events[0]["project"] == "p2"

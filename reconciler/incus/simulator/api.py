@@ -178,10 +178,13 @@ async def create_project(request: web.Request) -> web.Response:
     name = str((await _body(request)).get("name") or "")
     if not name:
         raise ApiError(400, "No name provided")
-    if name in host.projects:
-        raise ApiError(409, f'Project "{name}" already exists')
-    host.add_project(name)
+    host.create_project(name, requestor=requestor(request))
     return sync_response(None, status=201, location=f"/1.0/projects/{name}")
+
+
+async def delete_project(request: web.Request) -> web.Response:
+    _host(request).delete_project(request.match_info["name"], requestor=requestor(request))
+    return sync_response(None)
 
 
 async def list_profiles(request: web.Request) -> web.Response:
@@ -452,6 +455,7 @@ def add_incus_routes(app: web.Application) -> None:
     app.router.add_get("/1.0/projects", list_projects)
     app.router.add_post("/1.0/projects", create_project)
     app.router.add_get("/1.0/projects/{name}", get_project)
+    app.router.add_delete("/1.0/projects/{name}", delete_project)
     app.router.add_get("/1.0/profiles", list_profiles)
     app.router.add_get("/1.0/profiles/{name}", get_profile)
     app.router.add_get("/1.0/instances", list_instances)

@@ -45,7 +45,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.incus.simulator.events import EventHub, lifecycle_event
+from reconciler.incus.simulator.events import (
+    EventHub,
+    instance_source,
+    lifecycle_event,
+    project_event,
+)
 from reconciler.incus.simulator.operations import Operation, OperationFailure, Operations
 from reconciler.incus.simulator.shapes import GpuShape, HostShape, HostTls, host_tls
 from reconciler.incus.simulator.versions import DEFAULT_VERSION, IncusVersion
@@ -586,6 +591,27 @@ class SimHost:
             )
         }
 
+    def create_project(self, name: str, *, requestor: dict[str, str]) -> None:
+        """``POST /1.0/projects``: a new project and ``project-created``."""
+        if name in self.projects:
+            raise ApiError(*self.version.duplicate_project_error(name))
+        self.add_project(name)
+        self.events.publish(
+            project_event(action="project-created", project=name, requestor=requestor)
+        )
+
+    def delete_project(self, name: str, *, requestor: dict[str, str]) -> None:
+        """``DELETE /1.0/projects/NAME``: only an empty project other than ``default``."""
+        self.require_project(name)
+        if name == "default":
+            raise ApiError(403, "The 'default' project cannot be deleted")
+        if self.instances_in(name):
+            raise ApiError(400, "Only empty projects can be removed")
+        del self.projects[name]
+        self.events.publish(
+            project_event(action="project-deleted", project=name, requestor=requestor)
+        )
+
     def add_profile(self, profile: Profile, *, project: str = "default") -> None:
         self.require_project(project)[profile.name] = profile
 
@@ -791,7 +817,7 @@ class SimHost:
         return self.operations.start(
             description=description,
             project=inst.project,
-            instance_url=f"/1.0/instances/{inst.name}",
+            instance_url=instance_source(inst.name, inst.project),
             work=work,
         )
 

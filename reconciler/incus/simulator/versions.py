@@ -72,6 +72,15 @@ class IncusVersion:
         """``GET /1.0/instances?project=NOSUCH``: 6.0 answers an empty list, 7.x a 404."""
         return self.lts
 
+    def duplicate_project_error(self, name: str) -> tuple[int, str]:
+        """``POST /1.0/projects`` with a taken name: (HTTP status, text)."""
+        if self.lts:
+            return 500, (
+                f'Failed creating project "{name}": Failed adding database record: '
+                'Failed to create "projects" entry: UNIQUE constraint failed: projects.name'
+            )
+        return 409, f'Project "{name}" already exists'
+
     def missing_instance_error(self, name: str, project: str) -> str:
         """The 404 text for an instance that does not exist."""
         if self.lts:
