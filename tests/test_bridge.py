@@ -97,14 +97,10 @@ async def test_snapshots_inventories_and_lifecycle_events_reach_the_bus(nc: Clie
         incus = bridges[0].incus
         await incus.create_instance(spec("vm-1", "L9", project="ci"))
         await incus.start_instance("vm-1", project="ci")
-        events = await bus.wait_inputs("rc.in.host.host-01.lifecycle", 4)
+        events = await bus.wait_inputs("rc.in.host.host-01.lifecycle", 3)
         actions = [e.json()["event"]["metadata"]["action"] for e in events]
-        assert actions[:4] == [
-            "instance-created",
-            "instance-started",
-            "instance-agent-started",
-            "instance-ready",
-        ]
+        # the simulator plays Incus 6.0 LTS: no instance-agent-started
+        assert actions[:3] == ["instance-created", "instance-started", "instance-ready"]
         for e in events:
             valid("in/host.lifecycle.json", e.json())
             assert e.msg_id is not None and e.msg_id.startswith("lifecycle:")

@@ -61,7 +61,7 @@ logger = structlog.get_logger(__name__)
     type=float,
     default=2.0,
     show_default=True,
-    help="Seconds from instance-started to instance-agent-started/-ready.",
+    help="Seconds from instance-started to instance-ready (7.x: and -agent-started).",
 )
 @click.option(
     "--action-delay",
@@ -92,6 +92,13 @@ logger = structlog.get_logger(__name__)
 @click.option(
     "--seed", type=int, default=0, show_default=True, help="Seed of the fault-rate draws."
 )
+@click.option(
+    "--incus-version",
+    type=click.Choice(["6.0", "7"]),
+    default="6.0",
+    show_default=True,
+    help="Incus release to play: 6.0 (the LTS) or 7 (7.3); see docs/incus-simulator.md.",
+)
 def sim_incus(
     listen: str,
     hosts: int,
@@ -104,6 +111,7 @@ def sim_incus(
     ping_interval: float,
     operation_retention: float,
     seed: int,
+    incus_version: str,
 ) -> None:
     """Serve simulated Incus hosts (REST API + events) for tests and demos."""
     try:
@@ -121,6 +129,7 @@ def sim_incus(
         ping_interval_s=ping_interval,
         operation_retention_s=operation_retention,
         seed=seed,
+        incus_version=incus_version,
     )
     fleet = Fleet(shapes, listen=where, options=options, fleet_file=fleet_file)
     anyio.run(_serve, fleet)

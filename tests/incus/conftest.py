@@ -4,11 +4,16 @@ Every test gets a fresh fleet with short timings (boot 50 ms, operations kept 0.
 pings every 0.2 s) on unix sockets in a short temporary directory (AF_UNIX paths are
 limited to 107 bytes, pytest's ``tmp_path`` can be longer). ``sim_thread`` runs the
 fleet on its own loop for blocking pylxd calls made directly from a test.
+
+The fleet plays Incus 6.0 LTS (the simulator's default) unless the test is marked
+``@pytest.mark.incus_version("7")`` or a module overrides the ``incus_version`` fixture
+(``tests/incus/test_client.py`` runs every adapter test against both).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -21,6 +26,7 @@ import pytest
 
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.simulator import (
+    DEFAULT_VERSION,
     Fleet,
     FleetOptions,
     Listen,
@@ -38,6 +44,19 @@ GPU_HOST = "host-04"  # every 4th default host has 4 GPUs on 2 NUMA nodes
 CPU_HOST = "host-01"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "incus_version(v): the simulated Incus release, 6.0 (default) or 7"
+    )
+
+
+@pytest.fixture
+def incus_version(request: pytest.FixtureRequest) -> str:
+    """The Incus release the fleet plays (the ``incus_version`` mark, else the default)."""
+    marker = request.node.get_closest_marker("incus_version")
+    return str(marker.args[0]) if marker is not None else DEFAULT_VERSION
+
+
 @pytest.fixture
 def socket_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="sim-"))
@@ -47,7 +66,15 @@ def socket_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def make_fleet(socket_dir: Path, *, options: FleetOptions = FAST, hosts: int = 4) -> Fleet:
+def make_fleet(
+    socket_dir: Path,
+    *,
+    options: FleetOptions = FAST,
+    hosts: int = 4,
+    incus_version: str | None = None,
+) -> Fleet:
+    if incus_version is not None:
+        options = dataclasses.replace(options, incus_version=incus_version)
     return Fleet(
         default_fleet(hosts, projects=PROJECTS),
         listen=Listen(kind="unix", directory=socket_dir),
@@ -57,9 +84,9 @@ def make_fleet(socket_dir: Path, *, options: FleetOptions = FAST, hosts: int = 4
 
 
 @pytest.fixture
-async def fleet(socket_dir: Path) -> AsyncIterator[Fleet]:
+async def fleet(socket_dir: Path, incus_version: str) -> AsyncIterator[Fleet]:
     """A started four-host fleet on this test's event loop."""
-    async with make_fleet(socket_dir) as running:
+    async with make_fleet(socket_dir, incus_version=incus_version) as running:
         yield running
 
 
@@ -78,9 +105,9 @@ async def gpu_host(fleet: Fleet) -> AsyncIterator[IncusHost]:
 
 
 @pytest.fixture
-def sim_thread(socket_dir: Path) -> Iterator[SimulatorThread]:
+def sim_thread(socket_dir: Path, incus_version: str) -> Iterator[SimulatorThread]:
     """A started fleet on its own loop and thread, for blocking pylxd calls."""
-    with SimulatorThread(make_fleet(socket_dir)) as running:
+    with SimulatorThread(make_fleet(socket_dir, incus_version=incus_version)) as running:
         yield running
 
 

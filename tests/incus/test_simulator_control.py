@@ -65,6 +65,7 @@ async def cpu_host(fleet: Fleet) -> AsyncIterator[IncusHost]:
 # ---------------------------------------------------------------------- boot
 
 
+@pytest.mark.incus_version("7")  # 6.0 has no instance-agent-started: test_simulator_lts.py
 async def test_the_agent_starts_after_the_boot_delay(fleet: Fleet, cpu_host: IncusHost) -> None:
     fleet.host(CPU_HOST).set_boot_delay(0.4)
     await cpu_host.create_instance(spec("b1"))
@@ -81,7 +82,7 @@ async def test_the_agent_starts_after_the_boot_delay(fleet: Fleet, cpu_host: Inc
 
 
 async def test_without_ready_reports_the_vm_stays_running(socket_dir: Path) -> None:
-    options = FleetOptions(boot_delay_s=0.05, report_ready=False)
+    options = FleetOptions(boot_delay_s=0.05, report_ready=False, incus_version="7")
     async with make_fleet(socket_dir, options=options) as quiet:
         host = IncusHost(IncusEndpoint(host=CPU_HOST, url=quiet.endpoints[CPU_HOST]))
         await host.create_instance(spec("r1"))

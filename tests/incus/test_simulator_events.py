@@ -59,6 +59,7 @@ async def create_vm(http: aiohttp.ClientSession, name: str) -> None:
     )
 
 
+@pytest.mark.incus_version("7")  # 6.0 has no instance-agent-started: test_simulator_lts.py
 async def test_one_frame_per_event_in_incus_lifecycle_shape(http: aiohttp.ClientSession) -> None:
     async with http.ws_connect("/1.0/events?type=lifecycle") as ws:
         await create_vm(http, "e1")

@@ -38,6 +38,7 @@ from reconciler.incus.simulator.host import SimHost, SimInstance
 from reconciler.incus.simulator.operations import Operation
 from reconciler.incus.simulator.wire import (
     ApiError,
+    StatusCode,
     async_response,
     error_response,
     sync_response,
@@ -177,10 +178,13 @@ async def create_project(request: web.Request) -> web.Response:
     name = str((await _body(request)).get("name") or "")
     if not name:
         raise ApiError(400, "No name provided")
-    if name in host.projects:
-        raise ApiError(409, f'Project "{name}" already exists')
-    host.add_project(name)
+    host.create_project(name, requestor=requestor(request))
     return sync_response(None, status=201, location=f"/1.0/projects/{name}")
+
+
+async def delete_project(request: web.Request) -> web.Response:
+    _host(request).delete_project(request.match_info["name"], requestor=requestor(request))
+    return sync_response(None)
 
 
 async def list_profiles(request: web.Request) -> web.Response:
@@ -240,7 +244,8 @@ async def list_instances(request: web.Request) -> web.Response:
         chosen = host.instances_in(None)
     else:
         project = _project(request)
-        host.require_project(project)
+        if project in host.projects or not host.version.lists_missing_project_as_empty:
+            host.require_project(project)
         chosen = host.instances_in(project)
     clauses = _parse_filter(request.query.get("filter", ""))
     chosen = [i for i in chosen if _matches(host, i, clauses)]
@@ -292,7 +297,7 @@ async def patch_instance(request: web.Request) -> web.Response:
         name=request.match_info["name"],
         request=body,
         replace=False,
-        requestor=requestor(request),
+        requestor=requestor(request) if host.version.patch_update_has_requestor else None,
     )
     return sync_response({})
 
@@ -357,6 +362,9 @@ async def wait_operation(request: web.Request) -> web.Response:
     except ValueError:
         timeout = -1
     await op.wait(timeout)
+    failed = op.status in (StatusCode.FAILURE, StatusCode.CANCELLED)
+    if failed and _host(request).version.wait_failure_is_error_envelope:
+        return error_response(op.err_status, op.err, http_status=200)  # Incus 6.0
     return sync_response(op.render())
 
 
@@ -447,6 +455,7 @@ def add_incus_routes(app: web.Application) -> None:
     app.router.add_get("/1.0/projects", list_projects)
     app.router.add_post("/1.0/projects", create_project)
     app.router.add_get("/1.0/projects/{name}", get_project)
+    app.router.add_delete("/1.0/projects/{name}", delete_project)
     app.router.add_get("/1.0/profiles", list_profiles)
     app.router.add_get("/1.0/profiles/{name}", get_profile)
     app.router.add_get("/1.0/instances", list_instances)

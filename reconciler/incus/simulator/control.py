@@ -13,6 +13,7 @@ Rules:
   ``POST /_sim/instances``                     ``host.add_instance(name, …)``
   ``POST /_sim/instances/{name}/remove``       ``host.remove_instance(name, project, silent)``
   ``POST /_sim/instances/{name}/status``       ``host.set_status(name, status, …)``
+  ``POST /_sim/instances/{name}/ready``        ``host.guest_ready(name, project)``
   ``POST /_sim/instances/{name}/poweroff``     ``host.guest_poweroff(name, project)``
   ``POST /_sim/faults``                        ``host.fail_next(kind, count, name, message)``
                                                or, with ``rate``, ``host.set_failure_rate``
@@ -97,6 +98,10 @@ async def _status(host: SimHost, body: dict[str, Any], request: web.Request) -> 
     return None
 
 
+async def _ready(host: SimHost, body: dict[str, Any], request: web.Request) -> Any:
+    return host.guest_ready(request.match_info["name"], project=str(body.get("project", "default")))
+
+
 async def _poweroff(host: SimHost, body: dict[str, Any], request: web.Request) -> Any:
     host.guest_poweroff(request.match_info["name"], project=str(body.get("project", "default")))
     return None
@@ -145,6 +150,7 @@ def add_control_routes(app: web.Application) -> None:
     app.router.add_post(f"{p}/instances", _route(_add_instance))
     app.router.add_post(f"{p}/instances/{{name}}/remove", _route(_remove))
     app.router.add_post(f"{p}/instances/{{name}}/status", _route(_status))
+    app.router.add_post(f"{p}/instances/{{name}}/ready", _route(_ready))
     app.router.add_post(f"{p}/instances/{{name}}/poweroff", _route(_poweroff))
     app.router.add_post(f"{p}/faults", _route(_faults))
     app.router.add_delete(f"{p}/faults", _route(_clear_faults))

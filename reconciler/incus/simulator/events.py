@@ -27,7 +27,14 @@ from aiohttp import web
 
 from reconciler.incus.simulator.wire import rfc3339nano
 
-__all__ = ["EVENT_TYPES", "EventHub", "Listener", "instance_source", "lifecycle_event"]
+__all__ = [
+    "EVENT_TYPES",
+    "EventHub",
+    "Listener",
+    "instance_source",
+    "lifecycle_event",
+    "project_event",
+]
 
 #: the event types Incus serves (``eventTypes`` in events.go)
 EVENT_TYPES = ("logging", "operation", "lifecycle", "network-acl")
@@ -52,13 +59,28 @@ def lifecycle_event(
     if requestor is not None:
         metadata["requestor"] = requestor
     if context:
-        metadata["context"] = context
+        metadata["context"] = dict(sorted(context.items()))  # a Go map: keys sorted
     metadata["name"] = name
     metadata["project"] = project
     return {
         "type": "lifecycle",
         "timestamp": rfc3339nano(),
         "metadata": metadata,
+        "location": "none",
+        "project": project,
+    }
+
+
+def project_event(*, action: str, project: str, requestor: dict[str, str]) -> dict[str, Any]:
+    """``project-created``/``project-deleted`` as Incus sends it (no name, no context)."""
+    return {
+        "type": "lifecycle",
+        "timestamp": rfc3339nano(),
+        "metadata": {
+            "action": action,
+            "source": f"/1.0/projects/{project}",
+            "requestor": requestor,
+        },
         "location": "none",
         "project": project,
     }

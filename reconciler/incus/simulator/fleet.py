@@ -42,6 +42,7 @@ from reconciler.incus.simulator.api import (
 from reconciler.incus.simulator.control import add_control_routes
 from reconciler.incus.simulator.host import SimHost, Timing
 from reconciler.incus.simulator.shapes import HostShape, shape_to_json
+from reconciler.incus.simulator.versions import DEFAULT_VERSION, parse_version
 
 __all__ = ["Fleet", "FleetOptions", "Listen", "SimulatorThread", "unix_url"]
 
@@ -91,6 +92,8 @@ class FleetOptions:
     ping_interval_s: float = 10.0
     operation_retention_s: float = 5.0
     seed: int = 0
+    #: the Incus release played: 6.0 LTS by default, or 7.x (:mod:`.versions`)
+    incus_version: str = DEFAULT_VERSION
 
     def timing(self) -> Timing:
         return Timing(
@@ -127,6 +130,7 @@ class Fleet:
                 timing=self.options.timing(),
                 operation_retention_s=self.options.operation_retention_s,
                 seed=self.options.seed,
+                version=parse_version(self.options.incus_version),
             )
             for s in self.shapes
         }

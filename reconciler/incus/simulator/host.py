@@ -13,9 +13,13 @@ Rules:
   already stopped", "The instance is already running", …).
 - **VM lifecycle.** Create (operation) → Stopped 102 and ``instance-created``. Start →
   Running 103 and ``instance-started``; after the boot delay the guest agent connects
-  (``instance-agent-started``) and the guest reports ready: Ready 113 (Incus shows Ready
-  while ``volatile.last_state.ready`` is true, set by the guest through devIncus) and
-  ``instance-ready``. A forced stop → Stopped and ``instance-stopped``; a graceful stop
+  (``instance-agent-started``, on 7.x only: Incus 6.0 has no such action) and the guest
+  reports ready with ``PATCH /1.0 {"state":"Ready"}`` on /dev/incus/sock: Ready 113
+  (Incus shows Ready while ``volatile.last_state.ready`` is true) and ``instance-ready``
+  without requestor. Refusals that Incus 6.0 makes inside the create operation (taken
+  name, missing image, image of the other type, no VM support) fail the operation and
+  emit no lifecycle event; what differs between releases is in :mod:`.versions`.
+  A forced stop → Stopped and ``instance-stopped``; a graceful stop
   (or a guest power-off) → ``instance-shutdown``. Freeze → Frozen 110
   (``instance-paused``), unfreeze → back (``instance-resumed``). Delete → gone and
   ``instance-deleted``; refused while the VM runs (any status but Stopped and Error).
@@ -23,7 +27,8 @@ Rules:
   inside its operation with ``Instance is busy running a "<action>" operation``.
 - **Faults** are one-shot per instance name (the next create/start/boot of that name) or
   counted (the next N of any name) or a rate (a seeded random draw, so runs repeat).
-- **Controls** (``remove_instance``, ``add_instance``, ``set_status``, ``guest_poweroff``,
+- **Controls** (``remove_instance``, ``add_instance``, ``set_status``, ``guest_ready``,
+  ``guest_poweroff``,
   ``fail_next_*``, ``set_boot_delay``, ``set_resources``, ``drop_event_streams``) are the
   test and demo surface, not Incus API; ``silent=True`` changes state without an event.
 """
@@ -40,9 +45,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.incus.simulator.events import EventHub, lifecycle_event
+from reconciler.incus.simulator.events import (
+    EventHub,
+    instance_source,
+    lifecycle_event,
+    project_event,
+)
 from reconciler.incus.simulator.operations import Operation, OperationFailure, Operations
 from reconciler.incus.simulator.shapes import GpuShape, HostShape, HostTls, host_tls
+from reconciler.incus.simulator.versions import DEFAULT_VERSION, IncusVersion
 from reconciler.incus.simulator.wire import ZERO_TIME, ApiError, StatusCode, rfc3339nano
 
 __all__ = ["FaultKind", "Profile", "SimHost", "SimInstance", "Timing", "validate_instance_name"]
@@ -70,6 +81,18 @@ STATE_ACTIONS = {
     "unfreeze": "Unfreezing instance",
 }
 _NAME_CHARS = re.compile(r"^[A-Za-z0-9-]+$")
+
+
+def _unpack_progress() -> dict[str, Any]:
+    """A create-from-image operation's final ``metadata``: the unpack progress."""
+    return {
+        "create_instance_from_image_unpack_progress": "Unpacking image: 100% (100.00MB/s)",
+        "progress": {
+            "percent": "100",
+            "speed": "100000000",
+            "stage": "create_instance_from_image_unpack",
+        },
+    }
 
 
 def _missing_profile(name: str, *, status: int) -> ApiError:
@@ -164,11 +187,22 @@ class SimHost:
         timing: Timing | None = None,
         operation_retention_s: float = 5.0,
         seed: int = 0,
+        version: IncusVersion | None = None,
     ) -> None:
         self.shape = shape
         self.timing = timing or Timing()
+        self.version = version or IncusVersion(DEFAULT_VERSION)
         self.events = EventHub()
-        self.operations = Operations(retention_s=operation_retention_s, on_change=self._op_event)
+        self.operations = Operations(
+            retention_s=operation_retention_s,
+            on_change=self._op_event,
+            empty_metadata=self.version.empty_operation_metadata,
+        )
+        #: images by alias or fingerprint → type ("container"/"virtual-machine");
+        #: ``None``: every image exists and has the requested type
+        self.images: dict[str, str] | None = None
+        #: why virtual machines cannot be created here (``None``: they can)
+        self.vm_unsupported: str | None = None
         self.faults = Faults()
         self.projects: dict[str, dict[str, Profile]] = {}
         self.instances: dict[tuple[str, str], SimInstance] = {}
@@ -199,7 +233,7 @@ class SimHost:
         self.require_project(project)
         inst = self.instances.get((project, name))
         if inst is None:
-            raise ApiError(404, "Instance not found")
+            raise ApiError(404, self.version.missing_instance_error(name, project))
         return inst
 
     def instances_in(self, project: str | None) -> list[SimInstance]:
@@ -234,8 +268,9 @@ class SimHost:
         for profile_name in profile_names:
             if profile_name not in profiles_of_project:
                 raise _missing_profile(profile_name, status=500)
-        if (project, name) in self.instances:
-            raise ApiError(409, f'Instance "{name}" already exists')
+        duplicate = (project, name) in self.instances
+        if duplicate and not self.version.duplicate_create_fails_in_operation:
+            raise ApiError(409, self.version.duplicate_create_error(name))
         validate_instance_name(name)
         source = request.get("source") or {}
         source_type = source.get("type", "")
@@ -247,10 +282,11 @@ class SimHost:
             raise ApiError(
                 400, "Must specify one of alias, fingerprint or properties for init from image"
             )
+        instance_type = str(request.get("type") or "container")
         inst = SimInstance(
             name=name,
             project=project,
-            type=str(request.get("type") or "container"),
+            type=instance_type,
             architecture=self.shape.architecture,
             config={str(k): str(v) for k, v in (request.get("config") or {}).items()},
             devices={
@@ -265,11 +301,20 @@ class SimHost:
         image = str(source.get("fingerprint") or source.get("alias") or "")
         if image:
             inst.config["volatile.base_image"] = hashlib.sha256(image.encode()).hexdigest()
-        inst.busy = "create"
-        self.instances[inst.key] = inst  # the record exists while the image unpacks
         start = bool(request.get("start", False))
+        refusal = self._create_refusal(
+            image=image if source_type == "image" else None,
+            instance_type=instance_type,
+            duplicate=duplicate,
+            name=name,
+        )
+        if refusal is None:
+            inst.busy = "create"
+            self.instances[inst.key] = inst  # the record exists while the image unpacks
 
         async def work() -> None:
+            if refusal is not None:  # Incus 6.0 checks these inside the operation
+                raise OperationFailure(refusal)
             try:
                 await self._sleep(self.timing.action_delay_s)
                 self._maybe_fail("create", inst, "Failed creating instance from image")
@@ -277,6 +322,8 @@ class SimHost:
                 self.instances.pop(inst.key, None)
                 raise
             inst.busy = None
+            if image and source_type == "image":
+                op.metadata = _unpack_progress()
             pool = self._root_pool(inst)
             self._emit(
                 inst,
@@ -287,7 +334,30 @@ class SimHost:
             if start:
                 await self._locked(inst, "start", lambda: self._start(inst, requestor))
 
-        return self._operation(description="Creating instance", inst=inst, work=work)
+        op = self._operation(description="Creating instance", inst=inst, work=work)
+        return op
+
+    def _create_refusal(
+        self, *, image: str | None, instance_type: str, duplicate: bool, name: str
+    ) -> str | None:
+        """Why a create fails inside its operation (in Incus's order), or ``None``."""
+        if image is not None and self.images is not None:
+            image_type = self.images.get(image)
+            if image_type is None:
+                return "Image not provided for instance creation"
+            if image_type != instance_type:
+                return (
+                    f"Requested image's type \"{image_type}\" doesn't match "
+                    f'instance type "{instance_type}"'
+                )
+        if instance_type == "virtual-machine" and self.vm_unsupported is not None:
+            return (
+                'Failed creating instance record: Instance type "virtual-machine" is not '
+                f"supported on this server: {self.vm_unsupported}"
+            )
+        if duplicate:
+            return self.version.duplicate_create_error(name)
+        return None
 
     def delete_instance(self, *, project: str, name: str, requestor: dict[str, str]) -> Operation:
         """``DELETE /1.0/instances/NAME``: refused while running, else a delete operation."""
@@ -336,7 +406,7 @@ class SimHost:
         name: str,
         request: dict[str, Any],
         replace: bool,
-        requestor: dict[str, str],
+        requestor: dict[str, str] | None,
     ) -> None:
         """``PUT`` (replace) or ``PATCH`` (merge) the writable fields; ``instance-updated``."""
         inst = self.require_instance(project, name)
@@ -402,7 +472,7 @@ class SimHost:
         self, inst: SimInstance, requestor: dict[str, str] | None, *, force: bool
     ) -> None:
         if not inst.is_running:
-            raise OperationFailure("The instance is already stopped")
+            raise OperationFailure("The instance is already stopped", status=400)
         await self._sleep(self.timing.action_delay_s if force else self.timing.shutdown_delay_s)
         self._power_off(inst)
         self._emit(inst, "instance-stopped" if force else "instance-shutdown", requestor)
@@ -424,14 +494,14 @@ class SimHost:
         if not inst.is_running:
             raise OperationFailure("The instance isn't running")
         if inst.status is StatusCode.FROZEN:
-            raise OperationFailure("The instance is already frozen")
+            raise OperationFailure(self.version.already_frozen_error(inst.type))
         inst.thawed_status = inst.status
         inst.status = StatusCode.FROZEN
         self._emit(inst, "instance-paused", requestor)
 
     async def _unfreeze(self, inst: SimInstance, requestor: dict[str, str]) -> None:
         if inst.status is not StatusCode.FROZEN:
-            raise OperationFailure("The instance isn't frozen")
+            raise OperationFailure(self.version.not_frozen_error(inst.type))
         inst.status = inst.thawed_status
         self._emit(inst, "instance-resumed", requestor)
 
@@ -445,18 +515,26 @@ class SimHost:
             if inst.generation != generation or not inst.is_running:
                 return
             inst.agent_running = True
-            self._emit(inst, "instance-agent-started", None)
+            if self.version.agent_started_event:
+                self._emit(inst, "instance-agent-started", None)
+            # the guest's own ``PATCH /1.0 {"state":"Ready"}`` on /dev/incus/sock
             if self.timing.report_ready:
                 inst.boot = loop.call_later(self.timing.ready_delay_s, ready)
 
         def ready() -> None:
-            if inst.generation != generation or inst.status is not StatusCode.RUNNING:
-                return
-            inst.status = StatusCode.READY
-            inst.config["volatile.last_state.ready"] = "true"
-            self._emit(inst, "instance-ready", None)
+            if inst.generation == generation:
+                self._guest_ready(inst)
 
         inst.boot = loop.call_later(self.timing.boot_delay_s, agent_started)
+
+    def _guest_ready(self, inst: SimInstance) -> bool:
+        """The guest's ``PATCH /1.0 {"state":"Ready"}`` on /dev/incus/sock (devIncus)."""
+        if inst.status is not StatusCode.RUNNING:
+            return False
+        inst.status = StatusCode.READY
+        inst.config["volatile.last_state.ready"] = "true"
+        self._emit(inst, "instance-ready", None)  # the guest, not an API client: no requestor
+        return True
 
     def _power_off(self, inst: SimInstance) -> None:
         inst.generation += 1
@@ -512,6 +590,27 @@ class SimHost:
                 },
             )
         }
+
+    def create_project(self, name: str, *, requestor: dict[str, str]) -> None:
+        """``POST /1.0/projects``: a new project and ``project-created``."""
+        if name in self.projects:
+            raise ApiError(*self.version.duplicate_project_error(name))
+        self.add_project(name)
+        self.events.publish(
+            project_event(action="project-created", project=name, requestor=requestor)
+        )
+
+    def delete_project(self, name: str, *, requestor: dict[str, str]) -> None:
+        """``DELETE /1.0/projects/NAME``: only an empty project other than ``default``."""
+        self.require_project(name)
+        if name == "default":
+            raise ApiError(403, "The 'default' project cannot be deleted")
+        if self.instances_in(name):
+            raise ApiError(400, "Only empty projects can be removed")
+        del self.projects[name]
+        self.events.publish(
+            project_event(action="project-deleted", project=name, requestor=requestor)
+        )
 
     def add_profile(self, profile: Profile, *, project: str = "default") -> None:
         self.require_project(project)[profile.name] = profile
@@ -580,6 +679,11 @@ class SimHost:
             inst.started_at = inst.last_used_at = rfc3339nano()
         if not silent:
             self._emit(inst, "instance-updated", None)
+
+    def guest_ready(self, name: str, *, project: str = "default") -> bool:
+        """The guest reports Ready now (an image that signals late, with ``--no-ready``):
+        Ready 113 and ``instance-ready``; ``False`` if it is not Running."""
+        return self._guest_ready(self.require_instance(project, name))
 
     def guest_poweroff(self, name: str, *, project: str = "default") -> None:
         """The guest powers itself off: Stopped and ``instance-shutdown`` (no requestor)."""
@@ -713,7 +817,7 @@ class SimHost:
         return self.operations.start(
             description=description,
             project=inst.project,
-            instance_url=f"/1.0/instances/{inst.name}",
+            instance_url=instance_source(inst.name, inst.project),
             work=work,
         )
 

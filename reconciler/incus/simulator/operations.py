@@ -33,13 +33,28 @@ Listener = Callable[["Operation"], None]
 
 
 class OperationFailure(Exception):
-    """Raised by an operation's work: the operation fails with this message as ``err``."""
+    """Raised by an operation's work: the operation fails with this message as ``err``.
+
+    ``status`` is the HTTP status of Incus's error value (``api.StatusErrorf``; a plain
+    error is 500): Incus 6.0 shows it as the ``error_code`` of a failed ``/wait``.
+    """
+
+    def __init__(self, message: str, *, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Operation:
     """One background task of Incus (class "task")."""
 
-    def __init__(self, *, description: str, project: str, resources: dict[str, list[str]]) -> None:
+    def __init__(
+        self,
+        *,
+        description: str,
+        project: str,
+        resources: dict[str, list[str]],
+        metadata: Any = None,
+    ) -> None:
         self.id = str(uuid.uuid4())
         self.project = project
         self.description = description
@@ -48,7 +63,8 @@ class Operation:
         self.updated_at = self.created_at
         self.status = StatusCode.PENDING
         self.err = ""
-        self.metadata: dict[str, Any] = {}
+        self.err_status = 500  # the HTTP status of the error that failed it
+        self.metadata: Any = metadata  # null on Incus 6.0, {} on 7.x, until work sets it
         self.done = asyncio.Event()
 
     @property
@@ -72,7 +88,7 @@ class Operation:
             "status": self.status.label,
             "status_code": int(self.status),
             "resources": self.resources,
-            "metadata": self.metadata,
+            "metadata": self.metadata if self.metadata is None else dict(self.metadata),
             "may_cancel": False,
             "err": self.err,
             "location": "none",
@@ -90,8 +106,15 @@ class Operation:
 class Operations:
     """The operations of one host: run, look up, expire."""
 
-    def __init__(self, *, retention_s: float = 5.0, on_change: Listener | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        retention_s: float = 5.0,
+        on_change: Listener | None = None,
+        empty_metadata: Any = None,
+    ) -> None:
         self.retention_s = retention_s
+        self._empty_metadata = empty_metadata
         self._by_id: dict[str, Operation] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._expiries: set[asyncio.TimerHandle] = set()
@@ -100,7 +123,10 @@ class Operations:
     def start(self, *, description: str, project: str, instance_url: str, work: Work) -> Operation:
         """Create an operation for ``work`` and start it; it is Running when returned."""
         op = Operation(
-            description=description, project=project, resources={"instances": [instance_url]}
+            description=description,
+            project=project,
+            resources={"instances": [instance_url]},
+            metadata=self._empty_metadata,
         )
         self._by_id[op.id] = op
         self._notify(op)
@@ -133,6 +159,7 @@ class Operations:
         try:
             await work()
         except OperationFailure as exc:
+            op.err_status = exc.status
             self._finish(op, StatusCode.FAILURE, str(exc))
         except asyncio.CancelledError:
             self._finish(op, StatusCode.CANCELLED, "Operation cancelled")

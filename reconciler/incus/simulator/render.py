@@ -18,6 +18,7 @@ from typing import Any
 from reconciler.incus import units
 from reconciler.incus.simulator.host import Profile, SimHost, SimInstance
 from reconciler.incus.simulator.shapes import DRIVERS, VENDOR_IDS, VENDOR_NAMES, GpuShape
+from reconciler.incus.simulator.versions import LATEST
 
 __all__ = [
     "API_EXTENSIONS",
@@ -33,7 +34,7 @@ __all__ = [
     "storage_pool_resources",
 ]
 
-SERVER_VERSION = "7.3"
+SERVER_VERSION = LATEST  # the newest version played; a host reports its own
 #: a subset of Incus's API extensions: everything pylxd and GARM's provider test for
 API_EXTENSIONS = (
     "storage",
@@ -90,7 +91,7 @@ def server(host: SimHost, *, project: str, requestor: dict[str, str]) -> dict[st
             "server_event_mode": "full-mesh",
             "server_name": host.name,
             "server_pid": 1,
-            "server_version": SERVER_VERSION,
+            "server_version": host.version.server_version,
             "storage": "zfs",
             # ServerStorageDriverInfo has no JSON tags in Incus: Go's field names are the keys
             "storage_supported_drivers": [
@@ -197,7 +198,7 @@ def resources(host: SimHost) -> dict[str, Any]:
     total = shape.memory_mib * units.MIB
     used = min(total, (2048 + running_memory_mib(host)) * units.MIB)
     per_node = total // shape.numa_nodes
-    return {
+    found: dict[str, Any] = {
         "cpu": _cpu(host),
         "memory": {
             "nodes": [
@@ -224,7 +225,6 @@ def resources(host: SimHost) -> dict[str, Any]:
         "storage": {"disks": [], "total": 0},
         "usb": {"devices": [], "total": 0},
         "pci": {"devices": [], "total": 0},
-        "serial": {"devices": [], "total": 0},
         "system": {
             "uuid": host.tls.fingerprint[:32],
             "vendor": "Simulated",
@@ -256,6 +256,9 @@ def resources(host: SimHost) -> dict[str, Any]:
             "Processes": 100 + len(host.instances),
         },
     }
+    if host.version.resources_have_serial:  # 7.x only
+        found["serial"] = {"devices": [], "total": 0}
+    return found
 
 
 def root_disk_bytes(host: SimHost, inst: SimInstance) -> int:

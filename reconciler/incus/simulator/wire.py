@@ -143,5 +143,9 @@ def async_response(operation: dict[str, Any]) -> web.Response:
     return json_response(body, status=202, headers={"Location": url})
 
 
-def error_response(status: int, message: str) -> web.Response:
-    return json_response(error_body(status, message), status=status)
+def error_response(status: int, message: str, *, http_status: int | None = None) -> web.Response:
+    """An error envelope; HTTP status = ``error_code`` unless ``http_status`` says otherwise
+    (Incus 6.0's ``/wait`` of a failed operation: 200 with ``error_code`` 500)."""
+    return json_response(
+        error_body(status, message), status=status if http_status is None else http_status
+    )
