@@ -5,9 +5,10 @@ BootstrapInstance on stdin with its own key spellings."""
 from __future__ import annotations
 
 import base64
+import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,8 @@ def bootstrap(name: str, flavor: str, *, pool_id: str = GARM_POOL) -> dict[str, 
                 "download_url": "https://github.com/actions/runner/releases/runner.tar.gz",
                 "filename": "actions-runner-linux-x64-2.321.0.tar.gz",
                 "temp_download_token": None,
-                "sha256_checksum": "ba46ba7ce3a4d7236b16fbe44419fb453bc08f866b24f04d549ec89f1722a29e",
+                "sha256_checksum": "ba46ba7ce3a4d7236b16fbe44419fb45"
+                "3bc08f866b24f04d549ec89f1722a29e",
             }
         ],
         "repo_url": "https://github.com/octo/repo",
@@ -136,6 +138,37 @@ class Garm:
         started = time.monotonic()
         done = await anyio.run_process(executable(), input=stdin, env=env, check=False)
         return Call(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+
+    async def create_killed(
+        self, body: dict[str, Any], *, when: Callable[[], Awaitable[None]]
+    ) -> Call | None:
+        """A create that is SIGKILLed as soon as ``when`` returns; ``None`` when it was
+        killed, its call when it finished first."""
+        env = self.env("CreateInstance", GARM_POOL_ID=body["pool_id"])
+        started = time.monotonic()
+        process = await anyio.open_process(executable(), env=env)
+        assert process.stdin is not None
+        await process.stdin.send(orjson.dumps(body))
+        await process.stdin.aclose()
+        finished: list[int] = []
+        async with anyio.create_task_group() as tg:
+
+            async def wait_exit() -> None:
+                finished.append(await process.wait())
+                tg.cancel_scope.cancel()
+
+            async def kill() -> None:
+                await when()
+                process.send_signal(signal.SIGKILL)
+                await process.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(wait_exit)
+            tg.start_soon(kill)
+        await process.aclose()
+        if finished and finished[0] >= 0:
+            return Call(finished[0], b"", b"", time.monotonic() - started)
+        return None
 
     async def create(self, body: dict[str, Any]) -> Call:
         return await self.run(

@@ -5,11 +5,14 @@ it (a process per call, a bare environment, GARM's JSON)."""
 from __future__ import annotations
 
 import contextlib
+import statistics
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from nats.aio.client import Client
 
@@ -23,11 +26,13 @@ from tests.garm_support import (
     GARM_POOL,
     MARKER,
     TOKEN,
+    Call,
     Garm,
     bootstrap,
     install_template,
     write_config,
 )
+from tests.natsserver import NatsServer
 from tests.simfleet import sim_fleet
 from tests.test_e2e_incus import until, whole_system
 
@@ -53,10 +58,9 @@ def instances(fleet: Fleet) -> dict[str, Any]:
     }
 
 
-def host_of(fleet: Fleet, name: str) -> str:
-    return next(
-        h for h in sorted(fleet.endpoints) if any(n == name for _, n in fleet.host(h).instances)
-    )
+def ready(w: World, pool: str) -> int:
+    assert w.replica.caches is not None
+    return len(w.replica.caches.state.pool_ready.get(pool, ()))  # type: ignore[call-overload]
 
 
 async def leases(bus: BusClient, pool: str | None = None) -> list[dict[str, Any]]:
@@ -130,9 +134,7 @@ async def test_a_warm_claim_injects_the_bootstrap_and_delete_by_runner_name(
 ) -> None:
     warm = b.pool(WARM, cpu=2, memory_mib=2048, disk_gib=10, min_ready=1, max_ready=1)
     async with world(nc, nats_url, tmp_path, warm=warm) as w:
-        await until(
-            "a warm VM is ready", lambda: len(w.replica.caches.state.pool_ready.get(WARM, ())) == 1
-        )  # type: ignore[union-attr]
+        await until("a warm VM is ready", lambda: ready(w, WARM) == 1)
         (vm,) = instances(w.fleet)
         created = await w.garm.create(bootstrap("garm-warm-1", "warm"))
         assert created.code == 0, created.text
@@ -168,9 +170,7 @@ async def test_a_preemption_waits_for_its_victim_then_creates(
     warm = b.pool(WARM, cpu=10, memory_mib=4096, disk_gib=10, min_ready=2, max_ready=2)
     big = b.pool("ci-big", cpu=20, memory_mib=4096, disk_gib=10, priority=10)
     async with world(nc, nats_url, tmp_path, warm=warm, big=big) as w:
-        await until(
-            "two warm VMs ready", lambda: len(w.replica.caches.state.pool_ready.get(WARM, ())) == 2
-        )  # type: ignore[union-attr]
+        await until("two warm VMs ready", lambda: ready(w, WARM) == 2)
         before = set(instances(w.fleet))
         created = await w.garm.create(bootstrap("garm-big-1", "big"))
         assert created.code == 0, created.text
@@ -215,3 +215,134 @@ async def test_a_rejection_is_exit_1_with_its_reason(
         unknown = await w.garm.create(bootstrap("garm-x-1", "no-such-flavor"))
         assert unknown.code == 1 and "unknown-pool" in unknown.text
         assert set(instances(w.fleet)) == {"garm-first-1"}
+
+
+@pytest.mark.parametrize("kill_at", ["admission", "instance"])
+async def test_a_create_killed_midway_and_retried_resumes_its_attempt(
+    nc: Client, nats_url: str, tmp_path: Path, kill_at: str
+) -> None:
+    async with world(nc, nats_url, tmp_path, cold=cold_pool()) as w:
+        body = bootstrap("garm-kill-1", "small")
+
+        async def admission_decided() -> None:
+            await w.bus.wait_outputs("rc.out.decision.garm-admit-1-garm-kill-1", within_s=60)
+
+        async def instance_exists() -> None:
+            await until("the instance exists", lambda: "garm-kill-1" in instances(w.fleet), 60)
+
+        when = admission_decided if kill_at == "admission" else instance_exists
+        assert await w.garm.create_killed(body, when=when) is None
+        again = await w.garm.create(body)
+        assert again.code == 0, again.text
+        assert again.json()["provider_id"] == "garm-kill-1"
+        (lease,) = await leases(w.bus)
+        assert lease["state"] == "created" and lease["job"] == "garm-kill-1"
+        admissions = {
+            m.json()["request_id"] for m in await w.bus.inputs("rc.in.cmd.admit-preemptible")
+        }
+        assert admissions == {"garm-admit-1-garm-kill-1"}  # resumed, not admitted twice
+        assert list(instances(w.fleet)) == ["garm-kill-1"]
+        assert (await w.garm.delete("garm-kill-1")).code == 0
+        assert instances(w.fleet) == {} and await leases(w.bus) == []
+
+
+async def test_list_after_a_restart_of_everything(
+    nc: Client, nats_url: str, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    bus = BusClient(nc)
+    warm = b.pool(WARM, cpu=2, memory_mib=2048, disk_gib=10, min_ready=1, max_ready=1)
+    async with sim_fleet(1) as fleet:
+        config = write_config(
+            tmp_path / "garm-provider.toml",
+            nats_url=nats_url,
+            hosts=fleet.endpoints,
+            pools={"small": COLD, "warm": WARM},
+        )
+        garm = Garm(config)
+        async with whole_system(nats_url, tmp_path, fleet, bus) as replica:
+            await bus.send(cold_pool(), warm)
+            w = World(fleet, bus, garm, replica)
+            await until("a warm VM is ready", lambda: ready(w, WARM) == 1)
+            assert (await garm.create(bootstrap("garm-a-1", "small"))).code == 0
+            assert (await garm.create(bootstrap("garm-b-1", "warm"))).code == 0
+            before = sorted((i["name"], i["provider_id"]) for i in (await garm.list()).json())
+        nats_server.restart()
+        (tmp_path / "again").mkdir()
+        async with whole_system(nats_url, tmp_path / "again", fleet, bus):
+            listed = await garm.list()
+            assert listed.code == 0, listed.text
+            after = sorted((i["name"], i["provider_id"]) for i in listed.json())
+            assert after == before and [n for n, _ in after] == ["garm-a-1", "garm-b-1"]
+            assert all(i["status"] == "running" for i in listed.json())
+            for name in ("garm-a-1", "garm-b-1"):
+                assert (await garm.delete(name)).code == 0
+            assert {le["job"] for le in await leases(bus) if "job" in le} == set()
+
+
+async def test_twenty_concurrent_creates_on_a_two_host_fleet(
+    nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    """GARM starts one process per runner, all at once: admission is the judge. Three
+    of them are SIGKILLed once admission answered, and retried."""
+    capacity = 32  # vCPUs per simulated host; a runner takes 4: 16 fit on two hosts
+    async with world(nc, nats_url, tmp_path, hosts=2, cold=cold_pool(cpu=4)) as w:
+        names = [f"garm-burst-{i:02d}" for i in range(20)]
+        killed = set(names[:3])
+        calls: dict[str, Call] = {}
+        started = time.monotonic()
+
+        async def one(name: str) -> None:
+            body = bootstrap(name, "small")
+            if name in killed:
+
+                async def decided(name: str = name) -> None:
+                    await w.bus.wait_outputs(f"rc.out.decision.garm-admit-1-{name}", within_s=120)
+
+                first = await w.garm.create_killed(body, when=decided)
+                if first is None:  # killed: GARM retries the same name
+                    calls[name] = await w.garm.create(body)
+                    return
+            calls[name] = await w.garm.create(body)
+
+        async with anyio.create_task_group() as tg:
+            for name in names:
+                tg.start_soon(one, name)
+        burst = time.monotonic() - started
+        admitted = sorted(n for n, c in calls.items() if c.code == 0)
+        rejected = sorted(n for n, c in calls.items() if c.code != 0)
+        assert all("insufficient-capacity" in calls[n].text for n in rejected), [
+            calls[n].text[-300:] for n in rejected
+        ]
+        assert len(admitted) == 16 and len(rejected) == 4
+        per_host = {
+            host: sum(int(i.config["limits.cpu"]) for i in w.fleet.host(host).instances.values())
+            for host in sorted(w.fleet.endpoints)
+        }
+        assert all(cpu <= capacity for cpu in per_host.values()), per_host
+        assert sorted(instances(w.fleet)) == admitted
+        listed = await w.garm.list()
+        assert sorted(i["name"] for i in listed.json()) == admitted
+
+        async with anyio.create_task_group() as tg:  # GARM deletes them all, by name
+            for name in names:
+                tg.start_soon(w.garm.delete, name)
+        assert instances(w.fleet) == {}
+        left = await leases(w.bus)
+        assert left == [], left
+        assert w.replica.caches is not None
+        state = w.replica.caches.state
+        assert all(not le.active for le in state.leases.values())
+        assert all(not booked or booked == [0, 0, 0] for booked in state.booked.values())
+
+        secrets = (TOKEN.encode(), CA_PEM, CA_PEM.split(b"\n")[1])
+        messages = [*await w.bus.inputs(), *await w.bus.outputs()]
+        assert messages and not [m.subject for m in messages if any(s in m.data for s in secrets)]
+        times = sorted(calls[n].seconds for n in admitted)
+        print(
+            f"\nGARM burst: 20 creates ({len(killed)} killed and retried) in {burst:.2f} s: "
+            f"{len(admitted)} admitted, {len(rejected)} rejected for capacity; "
+            f"admitted create median {statistics.median(times):.2f} s, max {times[-1]:.2f} s; "
+            f"vCPU per host {per_host} of {capacity}; "
+            f"after deletes: {len(instances(w.fleet))} instances, {len(left)} leases; "
+            f"{len(messages)} bus messages, none with the token or CA bundle"
+        )
