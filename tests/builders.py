@@ -152,7 +152,9 @@ def pool(
     host_selector: dict[str, str] | None = None,
     claims: list[dict[str, Any]] | None = None,
     project: str = "default",
+    instance_type: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
+    extra = {} if instance_type is None else {"instance_type": instance_type}
     return "config.pool", {
         "v": 1,
         "pool": name,
@@ -170,6 +172,7 @@ def pool(
         "image": "ubuntu/24.04",
         "profiles": ["default"],
         "project": project,
+        **extra,
     }
 
 

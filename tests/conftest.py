@@ -15,6 +15,7 @@ import pytest
 import structlog
 from nats.aio.client import Client
 
+from tests import realincus
 from tests.natsserver import NatsServer, start_nats_server
 
 
@@ -64,3 +65,46 @@ def _logging_restored() -> Iterator[None]:
     structlog.reset_defaults()
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+# ------------------------------------------------------------------ real Incus daemon
+
+
+@pytest.fixture(scope="session")
+def real_incus_daemon() -> Iterator[realincus.RealIncus]:
+    """One private Incus 6.0 daemon for the session (see :mod:`tests.realincus`)."""
+    reason = realincus.unavailable()
+    if reason is not None:
+        if realincus.required():
+            pytest.fail(f"{realincus.REQUIRE_ENV} is set but {reason}", pytrace=False)
+        pytest.skip(reason)
+    with realincus.start_real_incus() as daemon:
+        yield daemon
+
+
+@pytest.fixture
+def real_incus(real_incus_daemon: realincus.RealIncus) -> Iterator[realincus.RealIncus]:
+    """The session's real daemon, emptied of instances after the test."""
+    yield real_incus_daemon
+    real_incus_daemon.clean()
+
+
+_real_incus_runs: dict[str, bool] = {}  # test id -> ran (True) or was skipped (False)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "real_incus" not in report.keywords:
+        return
+    if report.when == "call":
+        _real_incus_runs[report.nodeid] = True
+    elif report.when == "setup" and report.skipped:
+        _real_incus_runs[report.nodeid] = False
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _real_incus_runs:
+        ran = sum(_real_incus_runs.values())
+        skipped = len(_real_incus_runs) - ran
+        terminalreporter.write_line(
+            f"real Incus daemon: {ran} tests ran against it, {skipped} skipped"
+        )

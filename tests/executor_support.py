@@ -52,8 +52,11 @@ def create_cmd(
     disk_gib: int = 20,
     gpus: tuple[tuple[int, str], ...] = (),
     command_id: str | None = None,
+    instance_type: str | None = None,
 ) -> dict[str, Any]:
+    extra = {} if instance_type is None else {"instance_type": instance_type}
     return {
+        **extra,
         "v": 1,
         "command_id": command_id or f"create:{lease}",
         "host": host,

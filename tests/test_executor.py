@@ -48,8 +48,12 @@ from reconciler.executor.store import ExecutorStore, FinishedCommand
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.errors import (
     ApiRejected,
+    ImageNotFound,
+    ImageTypeMismatch,
     IncusUnavailable,
     InstanceExists,
+    InstanceNameTaken,
+    InstanceTypeUnsupported,
     OperationFailed,
     OperationTimedOut,
 )
@@ -170,6 +174,31 @@ def test_failures_are_sorted_by_what_to_do() -> None:
     assert classify(InstanceExists(h, "taken", status=409)).reason == "name-taken"
     assert classify(ApiRejected(h, "not trusted", status=403)).retry is Retry.FOREVER
     assert classify(ApiRejected(h, "oops", status=500)).retry is Retry.LIMITED
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        ImageTypeMismatch(
+            "h",
+            'Requested image\'s type "container" doesn\'t match instance type "virtual-machine"',
+        ),
+        InstanceTypeUnsupported(
+            "h", 'Instance type "virtual-machine" is not supported on this server'
+        ),
+        ImageNotFound("h", "Image not provided for instance creation"),
+    ],
+)
+def test_refused_creates_are_never_retried(refusal: OperationFailed) -> None:
+    failure = classify(refusal)
+
+    assert (failure.retry, failure.reason) == (Retry.NEVER, "refused")
+
+
+def test_a_name_taken_inside_the_operation_is_never_retried() -> None:
+    taken = InstanceNameTaken("h", "UNIQUE constraint failed: instances.project_id, instances.name")
+
+    assert (classify(taken).retry, classify(taken).reason) == (Retry.NEVER, "name-taken")
 
 
 def test_config_is_validated() -> None:
@@ -321,6 +350,20 @@ def bus_url(nc: Client) -> str:
 
 
 # ------------------------------------------------------------------------ deleting
+
+
+async def test_create_honours_the_pools_instance_type(fleet: Fleet, bus: Client, db: Path) -> None:
+    command = create_cmd(CPU, "w-ct-1", "L40", instance_type="container")
+    async with running_executor(fast_config(bus_url(bus), db, endpoints_of(fleet))) as running:
+        await publish(bus, command)
+        record = await running.record("create:L40")
+        assert record.outcome == "created"
+        await settled(bus, CPU)
+
+    made = instance(fleet, CPU, "w-ct-1")
+    assert made is not None
+    assert made.type == "container"
+    assert made.is_running
 
 
 async def test_delete_stops_and_deletes_a_running_vm(fleet: Fleet, bus: Client, db: Path) -> None:

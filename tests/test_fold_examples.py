@@ -161,6 +161,24 @@ def test_warm_admit_reserves_and_publishes_the_exec_create_command() -> None:
     assert exec_out.msg_id == create["command_id"]
 
 
+def test_a_pool_of_containers_carries_its_instance_type_on_the_create_command() -> None:
+    fleet = fleet_of(snapshot("h1"), pool("warm", max_ready=2, instance_type="container"))
+
+    fx = fleet.send(admit("r1", "warm", "w1", kind="warm"))
+
+    ((_, create),) = outputs(fx, "out.exec.")
+    assert create["instance_type"] == "container"
+
+
+def test_a_pool_that_names_virtual_machines_says_so_on_the_create_command() -> None:
+    fleet = fleet_of(snapshot("h1"), pool("warm", max_ready=2, instance_type="virtual-machine"))
+
+    fx = fleet.send(admit("r1", "warm", "w1", kind="warm"))
+
+    ((_, create),) = outputs(fx, "out.exec.")
+    assert create["instance_type"] == "virtual-machine"
+
+
 def test_admission_books_capacity_so_the_next_request_that_does_not_fit_is_rejected() -> None:
     fleet = fleet_of(snapshot("h1", cpu=4), pool("ci", cpu=3))
     admitted(fleet, "r1", "ci", "vm1")

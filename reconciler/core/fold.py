@@ -233,6 +233,8 @@ class _Step:
             "demand": lease.demand.as_dict(),
             "gpus": [{"index": i, "pci_address": by_index[i].pci_address} for i in lease.gpus],
         }
+        if pool.instance_type is not None:  # absent when unset: older outputs stay byte-equal
+            payload["instance_type"] = pool.instance_type.value
         self.fx.outputs.append(Output(f"out.exec.{lease.host}.create", command_id, encode(payload)))
 
     def reject_config(self, kind: str, name: str, error: str) -> None:
@@ -553,6 +555,7 @@ class _Step:
             profiles=cfg.profiles,
             project=cfg.project,
             seq=self.seq,
+            instance_type=cfg.instance_type,
         )
         self.fx.pools.add(cfg.pool)
         self.fx.pool_rows.add(cfg.pool)

@@ -22,6 +22,7 @@ from reconciler.core.model import (
     GpuRuntime,
     HostName,
     InstanceName,
+    InstanceType,
     JobId,
     LeaseKind,
     MigMode,
@@ -108,6 +109,7 @@ class PoolConfig:
     image: str
     profiles: tuple[str, ...]
     project: str
+    instance_type: InstanceType | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +357,7 @@ def _pool(p: Payload) -> PoolConfig:
         image=p.get("image", ""),
         profiles=tuple(p.get("profiles") or ()),
         project=p.get("project", "default"),
+        instance_type=InstanceType(p["instance_type"]) if "instance_type" in p else None,
     )
 
 

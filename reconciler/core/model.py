@@ -110,6 +110,13 @@ class Placement(enum.StrEnum):
     SPREAD = "spread"
 
 
+class InstanceType(enum.StrEnum):
+    """What a pool's instances are in Incus (a pool that says nothing gets VMs)."""
+
+    VIRTUAL_MACHINE = "virtual-machine"
+    CONTAINER = "container"
+
+
 @dataclass(frozen=True, slots=True)
 class GpuRequest:
     """The GPU part of a class's (or a merged claim's) parameters."""
@@ -175,6 +182,8 @@ class Pool:
     profiles: tuple[str, ...] = ()
     project: str = "default"
     seq: int = 0
+    #: ``None``: the pool did not say (Incus's default, a VM); carried on creates only when set
+    instance_type: InstanceType | None = None
 
 
 class MigMode(enum.StrEnum):

@@ -38,9 +38,11 @@ from reconciler.bus.schemas import SchemaSet, load
 from reconciler.core.model import Resources
 from reconciler.incus.errors import (
     ApiRejected,
+    CreateRefused,
     IncusError,
     IncusUnavailable,
     InstanceExists,
+    InstanceNameTaken,
     InstanceRunning,
     OperationFailed,
     OperationTimedOut,
@@ -150,12 +152,15 @@ class CreateCommand(_ExecCommand):
     profiles: tuple[str, ...]
     demand: Resources
     gpus: tuple[GpuAssignment, ...]
+    #: the pool's ``instance_type``; a command without one creates a virtual machine
+    instance_type: str = "virtual-machine"
 
     verb: ClassVar[Literal["create"]] = "create"
 
     def spec(self, *, storage_pool: str = "default") -> InstanceSpec:
-        """The VM to create: the pool's image and profiles, the demand as limits and root
-        size on ``storage_pool``, GPUs by PCI address (in index order), the lease tags."""
+        """The instance to create: the pool's image, profiles and instance type, the demand
+        as limits and root size on ``storage_pool``, GPUs by PCI address (in index order),
+        the lease tags."""
         return InstanceSpec.for_lease(
             name=self.instance,
             image=self.image,
@@ -167,10 +172,11 @@ class CreateCommand(_ExecCommand):
             demand=self.demand,
             gpu_pci=tuple(g.pci_address for g in sorted(self.gpus, key=lambda g: g.index)),
             storage_pool=storage_pool,
+            instance_type=self.instance_type,
         )
 
     def log_fields(self) -> dict[str, Any]:
-        return {**super().log_fields(), "pool": self.pool}
+        return {**super().log_fields(), "pool": self.pool, "instance_type": self.instance_type}
 
 
 Command = CreateCommand | DeleteCommand
@@ -277,6 +283,7 @@ def _command(verb: Verb, p: dict[str, Any]) -> Command:
         gpus=tuple(
             GpuAssignment(index=g["index"], pci_address=g["pci_address"]) for g in p["gpus"]
         ),
+        instance_type=p.get("instance_type", "virtual-machine"),
     )
 
 
@@ -315,6 +322,10 @@ def classify(exc: IncusError) -> Failure:
         return Failure(retry=Retry.FOREVER, reason="unavailable", error=error)
     if isinstance(exc, OperationTimedOut):
         return Failure(retry=Retry.FOREVER, reason="timed-out", error=error)
+    if isinstance(exc, InstanceNameTaken):
+        return Failure(retry=Retry.NEVER, reason="name-taken", error=error)
+    if isinstance(exc, CreateRefused):
+        return Failure(retry=Retry.NEVER, reason="refused", error=error)
     if isinstance(exc, OperationFailed):
         if _BUSY in exc.err:
             return Failure(retry=Retry.FOREVER, reason="busy", error=error)

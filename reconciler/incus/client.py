@@ -38,13 +38,17 @@ from pylxd import exceptions as pylxd_errors
 from reconciler.incus.endpoints import IncusEndpoint, endpoints_from_fleet_file
 from reconciler.incus.errors import (
     ApiRejected,
+    ImageNotFound,
+    ImageTypeMismatch,
     IncusError,
     IncusUnavailable,
     InstanceAlreadyRunning,
     InstanceAlreadyStopped,
     InstanceExists,
+    InstanceNameTaken,
     InstanceNotFound,
     InstanceRunning,
+    InstanceTypeUnsupported,
     NotFound,
     OperationFailed,
     OperationTimedOut,
@@ -70,7 +74,38 @@ T = TypeVar("T")
 _OPERATION_ERRORS: tuple[tuple[str, type[OperationFailed]], ...] = (
     ("The instance is already stopped", InstanceAlreadyStopped),
     ("The instance is already running", InstanceAlreadyRunning),
+    ("doesn't match instance type", ImageTypeMismatch),
+    ("is not supported on this server", InstanceTypeUnsupported),
+    ("Image not provided for instance creation", ImageNotFound),
+    ("Image not found", ImageNotFound),
+    ("UNIQUE constraint failed: instances.project_id, instances.name", InstanceNameTaken),
+    ("already exists", InstanceNameTaken),
 )
+
+
+def _is_instance_not_found(message: str) -> bool:
+    """7.x says "Instance not found"; 6.0 prefixes it with what it was fetching:
+    ``Failed to fetch instance "NAME" in project "PROJECT": Instance not found``."""
+    return message == "Instance not found" or message.endswith(": Instance not found")
+
+
+def _failed_wait(response: Any) -> str | None:
+    """The error of a failed operation as Incus 6.0's ``wait`` reports it, else ``None``.
+
+    6.0 answers the wait of a failed operation with HTTP 200 and an *error* envelope
+    whose ``error`` is the operation's ``err``; 7.x with a sync envelope of the operation
+    (``status_code`` 400, ``err``), which the caller reads. Any other HTTP status is a
+    real rejection (a 404: the operation is gone).
+    """
+    if int(getattr(response, "status_code", 0)) != 200:
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    if isinstance(body, dict) and body.get("type") == "error":
+        return str(body.get("error") or "operation failed")
+    return None
 
 
 class IncusHost:
@@ -141,11 +176,7 @@ class IncusHost:
             await self._mutate(
                 "post", ("instances",), params={"project": spec.project}, body=spec.request_body()
             )
-        except InstanceExists:
-            return await self._existing(spec)
-        except OperationFailed as exc:
-            if "already exists" not in exc.err:
-                raise
+        except (InstanceExists, InstanceNameTaken):
             return await self._existing(spec)
         view = await self.get_instance(spec.name, project=spec.project)
         if view is None:  # deleted between creation and the read: report it as such
@@ -334,10 +365,20 @@ class IncusHost:
                     self.name, f"operation {op_id} still running after {self.operation_timeout_s} s"
                 )
             slice_s = max(1, min(int(remaining), 30))
-            response = self._node(("operations", op_id, "wait")).get(
-                params={"timeout": slice_s}, timeout=slice_s + self.request_timeout_s
-            )
-            op: dict[str, Any] = response.json()["metadata"]
+            try:
+                response = self._node(("operations", op_id, "wait")).get(
+                    params={"timeout": slice_s}, timeout=slice_s + self.request_timeout_s
+                )
+            except pylxd_errors.LXDAPIException as exc:
+                failed = _failed_wait(exc.response)
+                if failed is None:
+                    raise
+                raise self._operation_error(failed) from exc
+            answer = response.json()
+            failed = _failed_wait(response)
+            if failed is not None:
+                raise self._operation_error(failed)
+            op: dict[str, Any] = answer["metadata"]
             code = int(op.get("status_code", 0))
             if code >= 200:
                 if code == 200:
@@ -345,7 +386,7 @@ class IncusHost:
                 raise self._operation_error(str(op.get("err") or op.get("status", "")))
 
     def _operation_error(self, err: str) -> OperationFailed | InstanceNotFound:
-        if err == "Instance not found":
+        if _is_instance_not_found(err):
             return InstanceNotFound(self.name, err, status=404)
         for text, kind in _OPERATION_ERRORS:
             if text in err:
@@ -403,7 +444,7 @@ class IncusHost:
         message = str(exc)
         if status == 404:
             kind: type[ApiRejected] = (
-                InstanceNotFound if message == "Instance not found" else NotFound
+                InstanceNotFound if _is_instance_not_found(message) else NotFound
             )
             return kind(self.name, message, status=status)
         if status == 400 and message == "Instance is running":

@@ -9,6 +9,10 @@ Rules:
   :class:`OperationTimedOut` are temporary (retry with backoff); :class:`ApiRejected` and
   :class:`OperationFailed` are Incus's answer (retrying the same request gives the same
   answer unless the world changed); :class:`EventStreamLost` means reconnect.
+- **Refused creates are permanent.** Incus 6.0 accepts a create it cannot do with 202
+  and fails its operation; :class:`CreateRefused` and its kinds name the conditions that
+  the same request can never get past (an image of the other type, an instance type the
+  server cannot run, a missing image, a name already taken), whichever version said it.
 - Every error names its host, so a log line or a dead letter says where.
 """
 
@@ -16,15 +20,20 @@ from __future__ import annotations
 
 __all__ = [
     "ApiRejected",
+    "CreateRefused",
     "EventStreamLost",
     "EventStreamRefused",
+    "ImageNotFound",
+    "ImageTypeMismatch",
     "IncusError",
     "IncusUnavailable",
     "InstanceAlreadyRunning",
     "InstanceAlreadyStopped",
     "InstanceExists",
+    "InstanceNameTaken",
     "InstanceNotFound",
     "InstanceRunning",
+    "InstanceTypeUnsupported",
     "NotFound",
     "OperationFailed",
     "OperationTimedOut",
@@ -57,7 +66,7 @@ class NotFound(ApiRejected):
 
 
 class InstanceNotFound(NotFound):
-    """The instance does not exist (404 "Instance not found")."""
+    """The instance does not exist (404 "Instance not found", in 6.0 after a prefix)."""
 
 
 class InstanceRunning(ApiRejected):
@@ -82,6 +91,26 @@ class InstanceAlreadyStopped(OperationFailed):
 
 class InstanceAlreadyRunning(OperationFailed):
     """A start of a running instance ("The instance is already running")."""
+
+
+class CreateRefused(OperationFailed):
+    """A create whose operation failed for a reason no retry of the same request changes."""
+
+
+class ImageTypeMismatch(CreateRefused):
+    """The image is of the other type ("Requested image's type … doesn't match …")."""
+
+
+class InstanceTypeUnsupported(CreateRefused):
+    """The server cannot run this instance type (e.g. VMs without ``vhost_vsock``)."""
+
+
+class ImageNotFound(CreateRefused):
+    """The image named by the create is not there ("Image not provided …", "not found")."""
+
+
+class InstanceNameTaken(CreateRefused):
+    """Another instance has the name (6.0: "UNIQUE constraint failed: instances…")."""
 
 
 class OperationTimedOut(IncusError):
