@@ -33,10 +33,21 @@ from tests.garm_support import (
     write_config,
 )
 from tests.natsserver import NatsServer
-from tests.simfleet import sim_fleet
-from tests.test_e2e_incus import until, whole_system
+from tests.simfleet import endpoints, sim_fleet
+from tests.test_e2e_incus import system_on, until
 
 pytestmark = pytest.mark.timeout(180)
+
+#: the provider's processes load the machine: a longer leader lease than the tests' 2 s
+#: keeps a starved replica from stepping down midway (see the final report)
+LEADER_TTL_S = 15.0
+
+
+def whole_system(
+    nats_url: str, tmp_path: Path, fleet: Fleet, bus: BusClient
+) -> contextlib.AbstractAsyncContextManager[Replica]:
+    return system_on(nats_url, tmp_path, endpoints(fleet), bus, leader_ttl_s=LEADER_TTL_S)
+
 
 COLD = "ci-cold"  # GARM flavor "small" -> reconciler pool "ci-cold"
 WARM = "ci-warm"
@@ -85,6 +96,22 @@ async def world(
             pools={"small": COLD, "warm": WARM, "big": "ci-big"},
         )
         yield World(fleet, bus, Garm(config), replica)
+
+
+@contextlib.asynccontextmanager
+async def decided(nc: Client, request_id: str) -> AsyncIterator[anyio.Event]:
+    """An event set when a decision for ``request_id`` is published (a core NATS
+    subscription: lighter than reading the stream back on a loaded machine)."""
+    seen = anyio.Event()
+
+    async def on_message(_msg: Any) -> None:
+        seen.set()
+
+    sub = await nc.subscribe(f"rc.out.decision.{request_id}", cb=on_message)
+    try:
+        yield seen
+    finally:
+        await sub.unsubscribe()
 
 
 def cold_pool(cpu: int = 4) -> tuple[str, dict[str, Any]]:
@@ -146,7 +173,8 @@ async def test_a_warm_claim_injects_the_bootstrap_and_delete_by_runner_name(
         script, mode = inst.files["/install_runner.sh"]
         assert mode == 0o755 and MARKER.encode() in script and TOKEN.encode() in script
         assert inst.files["/usr/local/share/ca-certificates/garm-ca-bundle.crt"][0] == CA_PEM
-        ((command, _env),) = inst.executed
+        (prepare, _), (command, _env) = inst.executed
+        assert prepare[:2] == ["mkdir", "-p"] and "/usr/local/share/ca-certificates" in prepare
         assert command[:2] == ["/bin/sh", "-c"] and TOKEN not in command[2]
         lease = next(le for le in await leases(w.bus, WARM) if le["instance"] == vm)
         assert lease["state"] == "injected" and lease["job"] == "garm-warm-1"
@@ -224,14 +252,16 @@ async def test_a_create_killed_midway_and_retried_resumes_its_attempt(
     async with world(nc, nats_url, tmp_path, cold=cold_pool()) as w:
         body = bootstrap("garm-kill-1", "small")
 
-        async def admission_decided() -> None:
-            await w.bus.wait_outputs("rc.out.decision.garm-admit-1-garm-kill-1", within_s=60)
+        async with decided(nc, "garm-admit-1-garm-kill-1") as admission:
 
-        async def instance_exists() -> None:
-            await until("the instance exists", lambda: "garm-kill-1" in instances(w.fleet), 60)
+            async def admission_decided() -> None:
+                await admission.wait()
 
-        when = admission_decided if kill_at == "admission" else instance_exists
-        assert await w.garm.create_killed(body, when=when) is None
+            async def instance_exists() -> None:
+                await until("the instance exists", lambda: "garm-kill-1" in instances(w.fleet), 60)
+
+            when = admission_decided if kill_at == "admission" else instance_exists
+            assert await w.garm.create_killed(body, when=when) is None
         again = await w.garm.create(body)
         assert again.code == 0, again.text
         assert again.json()["provider_id"] == "garm-kill-1"
@@ -294,11 +324,8 @@ async def test_twenty_concurrent_creates_on_a_two_host_fleet(
         async def one(name: str) -> None:
             body = bootstrap(name, "small")
             if name in killed:
-
-                async def decided(name: str = name) -> None:
-                    await w.bus.wait_outputs(f"rc.out.decision.garm-admit-1-{name}", within_s=120)
-
-                first = await w.garm.create_killed(body, when=decided)
+                async with decided(nc, f"garm-admit-1-{name}") as admission:
+                    first = await w.garm.create_killed(body, when=admission.wait)
                 if first is None:  # killed: GARM retries the same name
                     calls[name] = await w.garm.create(body)
                     return

@@ -128,7 +128,7 @@ def _pool_view(pool: Pool) -> dict[str, Any]:
         "image": pool.image,
         "profiles": list(pool.profiles),
         "project": pool.project,
-        "instance_type": getattr(pool, "instance_type", "virtual-machine"),
+        "instance_type": str(pool.instance_type or "virtual-machine"),
         "warm": {"min_ready": pool.warm.min_ready, "max_ready": pool.warm.max_ready},
     }
 

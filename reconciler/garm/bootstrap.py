@@ -124,6 +124,12 @@ class Injection:
     files: tuple[tuple[str, bytes, int], ...] = field(repr=False)
     command: tuple[str, ...] = ("/bin/sh", "-c", _INJECT)
 
+    @property
+    def prepare(self) -> tuple[str, ...]:
+        """The command that makes the files' folders (Incus writes into existing ones)."""
+        folders = sorted({path.rsplit("/", 1)[0] for path, _, _ in self.files} - {""})
+        return ("mkdir", "-p", *folders) if folders else ("true",)
+
 
 def injection(bootstrap: Bootstrap) -> Injection:
     files = [(INSTALL_SCRIPT_PATH, install_script(bootstrap), 0o755)]

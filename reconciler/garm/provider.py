@@ -161,6 +161,9 @@ class Provider:
         plan = injection(bootstrap)
         async with self._incus(host, f"injecting the bootstrap into {instance}") as incus:
             await incus.update_config(instance, self._tags(bootstrap), project=project)
+            made = await incus.execute(instance, list(plan.prepare), project=project)
+            if made != 0:
+                raise ProviderError(f"preparing {instance} for the bootstrap exited {made}")
             for path, content, mode in plan.files:
                 await incus.push_file(instance, path, content, mode=mode, project=project)
             code = await incus.execute(instance, list(plan.command), project=project)
