@@ -108,10 +108,11 @@ if [ -f {CA_BUNDLE_PATH} ] && command -v update-ca-certificates >/dev/null 2>&1;
   update-ca-certificates >/dev/null 2>&1 || true
 fi
 [ -f {PROXY_PATH} ] && . {PROXY_PATH}
+trap '' HUP
 if id {RUNNER_USER} >/dev/null 2>&1 && command -v su >/dev/null 2>&1; then
-  nohup su -l -c {INSTALL_SCRIPT_PATH} {RUNNER_USER} >{LOG_PATH} 2>&1 </dev/null &
+  su -l -c {INSTALL_SCRIPT_PATH} {RUNNER_USER} >{LOG_PATH} 2>&1 </dev/null &
 else
-  nohup {INSTALL_SCRIPT_PATH} >{LOG_PATH} 2>&1 </dev/null &
+  {INSTALL_SCRIPT_PATH} >{LOG_PATH} 2>&1 </dev/null &
 fi
 exit 0
 """.strip()
@@ -126,9 +127,11 @@ class Injection:
 
     @property
     def prepare(self) -> tuple[str, ...]:
-        """The command that makes the files' folders (Incus writes into existing ones)."""
-        folders = sorted({path.rsplit("/", 1)[0] for path, _, _ in self.files} - {""})
-        return ("mkdir", "-p", *folders) if folders else ("true",)
+        """The command that makes the folders of the files and of the install log (Incus
+        writes only into existing folders; a minimal image may lack ``/var/log``)."""
+        paths = [LOG_PATH, *(path for path, _, _ in self.files)]
+        folders = sorted({path.rsplit("/", 1)[0] for path in paths} - {""})
+        return ("mkdir", "-p", *folders)
 
 
 def injection(bootstrap: Bootstrap) -> Injection:
