@@ -385,9 +385,7 @@ class SimHost:
             raise ApiError(400, "Instance is not running")
         inst.files[path] = (content, mode)
 
-    def execute(
-        self, *, project: str, name: str, request: dict[str, Any]
-    ) -> Operation:
+    def execute(self, *, project: str, name: str, request: dict[str, Any]) -> Operation:
         """``POST /1.0/instances/NAME/exec`` without websockets (``record-output``): the
         command is recorded and "returns" 0; nothing runs."""
         inst = self.require_instance(project, name)
