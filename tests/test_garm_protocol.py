@@ -232,3 +232,9 @@ async def test_bad_calls_exit_1_with_a_clear_message(garm: Garm) -> None:
     assert no_config.code == 1 and "cannot read config file" in no_config.stderr.decode()
     bad_specs = await garm.run(garm.env("ValidatePoolInfo", GARM_POOL_EXTRASPECS="%%%"))
     assert bad_specs.code == 1 and "GARM_POOL_EXTRASPECS" in bad_specs.stderr.decode()
+
+
+def test_the_example_config_file_is_valid() -> None:
+    example = Path(__file__).parent.parent / "compose" / "garm-provider.toml"
+    config = load_config(str(example))
+    assert config.pool_of("small") == "ci-small" and "host-01" in config.hosts
