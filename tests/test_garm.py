@@ -179,6 +179,9 @@ async def test_a_warm_claim_injects_the_bootstrap_and_delete_by_runner_name(
         lease = next(le for le in await leases(w.bus, WARM) if le["instance"] == vm)
         assert lease["state"] == "injected" and lease["job"] == "garm-warm-1"
 
+        again = await w.garm.create(bootstrap("garm-warm-1", "warm"))  # run again: no-op
+        assert again.code == 0 and again.json() == answer and len(inst.executed) == 2
+
         listed = (await w.garm.list()).json()
         assert {(i["name"], i["provider_id"]) for i in listed} == {("garm-warm-1", vm)}
         assert (await w.garm.get("garm-warm-1")).json()["provider_id"] == vm

@@ -157,6 +157,9 @@ class Provider:
         self, bootstrap: Bootstrap, attempt: Attempt, lease: Mapping[str, Any]
     ) -> dict[str, Any]:
         instance, host = str(lease["instance"]), str(lease["host"])
+        done = await self.bus.last_decision(attempt.rid("injected"))
+        if done is not None and done.get("outcome") == "ok":  # a call run again after success
+            return self._answer(bootstrap, instance)
         project = await self._project_of(lease)
         plan = injection(bootstrap)
         async with self._incus(host, f"injecting the bootstrap into {instance}") as incus:
@@ -260,8 +263,8 @@ class Provider:
         return sorted(found, key=lambda hv: (hv[0], hv[1].project, hv[1].name))
 
     async def find(self, identifier: str) -> list[Found]:
-        """What ``identifier`` (a provider id or a runner name) names: active leases
-        first, then instances of this controller that no active lease covers."""
+        """What ``identifier`` (a provider id or a runner name) names: its active leases,
+        or else instances of this controller found on the hosts (one that lost its lease)."""
         out: list[Found] = []
         for lease in await self._leases():
             job = lease.get("job")
@@ -276,10 +279,11 @@ class Provider:
                         lease=lease,
                     )
                 )
-        covered = {(f.host, f.instance) for f in out}
+        if out:
+            return out
         for host, view in await self._scan():
             runner = view.config.get(RUNNER_NAME_TAG, view.name)
-            if identifier in (view.name, runner) and (host, view.name) not in covered:
+            if identifier in (view.name, runner):
                 out.append(
                     Found(runner=runner, instance=view.name, host=host, project=view.project)
                 )
