@@ -17,7 +17,7 @@ from nats.aio.client import Client
 from reconciler.bridge.bridge import Bridge, HostBridge, settings_from_json
 from reconciler.bus.connection import ConnectOptions
 from reconciler.executor.executor import Executor, ExecutorConfig
-from reconciler.incus.client import IncusHost
+from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.simulator import Fleet
 from reconciler.incus.simulator.wire import StatusCode
 from reconciler.replica.runtime import Replica
@@ -30,12 +30,23 @@ pytestmark = pytest.mark.timeout(90)
 POOL = "web"
 
 
-@contextlib.asynccontextmanager
-async def whole_system(
+def whole_system(
     nats_url: str, tmp_path: Path, fleet: Fleet, bus: BusClient
-) -> AsyncIterator[Replica]:
+) -> contextlib.AbstractAsyncContextManager[Replica]:
     """A replica (verifying suspects on the fleet), a bridge and an executor."""
-    eps = endpoints(fleet)
+    return system_on(nats_url, tmp_path, endpoints(fleet), bus)
+
+
+@contextlib.asynccontextmanager
+async def system_on(
+    nats_url: str,
+    tmp_path: Path,
+    eps: tuple[IncusEndpoint, ...],
+    bus: BusClient,
+    **replica_config: Any,
+) -> AsyncIterator[Replica]:
+    """A replica, a bridge and an executor on the Incus hosts ``eps``; ``replica_config``
+    overrides :func:`~tests.bus.fast_config`'s settings."""
     settings = settings_from_json(
         {"defaults": {"reserve": {"cpu": 0, "memory_mib": 0, "disk_gib": 0}}}
     )
@@ -52,7 +63,9 @@ async def whole_system(
     stop = anyio.Event()
     try:
         async with (
-            running_replica(fast_config(nats_url, tmp_path / "rc.db", incus=eps)) as replica,
+            running_replica(
+                fast_config(nats_url, tmp_path / "rc.db", incus=eps, **replica_config)
+            ) as replica,
             anyio.create_task_group() as tg,
         ):
             tg.start_soon(functools.partial(executor.run, stop=stop))

@@ -77,7 +77,15 @@ def test_every_message_of_the_contract_has_a_schema() -> None:
         "config.rejected",
         "dlq",
     ]
-    queries = ["resolve", "lease", "assignments", "effective-runtime", "unsuitable-hosts", "health"]
+    queries = [
+        "resolve",
+        "lease",
+        "assignments",
+        "effective-runtime",
+        "unsuitable-hosts",
+        "health",
+        "pool",
+    ]
     expected = {
         "defs.json",
         "query/reply.json",

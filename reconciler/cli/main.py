@@ -42,6 +42,7 @@ class _Commands(click.Group):
         "bridge": ("reconciler.cli.bridge_cmd", "bridge"),
         "cmd": ("reconciler.cli.send_cmd", "send_cmd"),
         "executor": ("reconciler.cli.executor_cmd", "executor"),
+        "garm-provider": ("reconciler.cli.garm_cmd", "garm_provider"),
         "query": ("reconciler.cli.query_cmd", "query_cmd"),
         "sim-incus": ("reconciler.cli.sim_incus", "sim_incus"),
     }

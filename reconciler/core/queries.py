@@ -10,7 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from reconciler.core.model import ClaimSpec, ClassName, GpuRequest, JobId, Lease, LeaseId, PoolName
+from reconciler.core.model import (
+    ClaimSpec,
+    ClassName,
+    GpuRequest,
+    JobId,
+    Lease,
+    LeaseId,
+    Pool,
+    PoolName,
+)
 from reconciler.core.placement import ClaimError, merge_claims, resolve_claims, unsuitable_hosts
 from reconciler.core.runtime import effective_runtime, is_stale
 from reconciler.core.state import State
@@ -112,6 +121,42 @@ def unsuitable(state: State, request: Mapping[str, Any]) -> dict[str, Any]:
     return {"unsuitable": unsuitable_hosts(state, pool, claims, potential)}
 
 
+def _pool_view(pool: Pool) -> dict[str, Any]:
+    return {
+        "pool": pool.name,
+        "flavor": pool.flavor.as_dict(),
+        "image": pool.image,
+        "profiles": list(pool.profiles),
+        "project": pool.project,
+        "instance_type": str(pool.instance_type or "virtual-machine"),
+        "warm": {"min_ready": pool.warm.min_ready, "max_ready": pool.warm.max_ready},
+    }
+
+
+def _lease_view(state: State, found: Lease) -> dict[str, Any]:
+    out = found.as_dict()
+    out["project"] = found.project
+    host = state.hosts.get(found.host)
+    by_index = {g.index: g.pci_address for g in host.gpus} if host is not None else {}
+    out["gpu_pci"] = [by_index[i] for i in found.gpus if i in by_index]
+    return out
+
+
+def pool_leases(state: State, request: Mapping[str, Any]) -> dict[str, Any]:
+    """A pool's configuration and every active lease of it; without ``pool``, every
+    active lease of every pool (what a GARM controller lists)."""
+    name = request.get("pool")
+    if name is not None and (not isinstance(name, str) or not name or len(name) > 128):
+        raise QueryError("invalid", "'pool' must be a pool name")
+    pool = state.pools.get(PoolName(name)) if name is not None else None
+    leases = [
+        _lease_view(state, le)
+        for le in sorted(state.leases.values(), key=lambda le: le.lease_id)
+        if le.active and (name is None or le.pool == name)
+    ]
+    return {"pool": _pool_view(pool) if pool is not None else None, "leases": leases}
+
+
 #: query name -> function; ``health`` needs runtime facts and is answered by the adapter
 QUERIES: dict[str, Callable[[State, Mapping[str, Any]], Any]] = {
     "resolve": resolve,
@@ -119,4 +164,5 @@ QUERIES: dict[str, Callable[[State, Mapping[str, Any]], Any]] = {
     "assignments": assignments,
     "effective-runtime": runtime,
     "unsuitable-hosts": unsuitable,
+    "pool": pool_leases,
 }

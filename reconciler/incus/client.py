@@ -207,6 +207,68 @@ class IncusHost:
         await self.stop_instance(name, project=project, force=True)
         await self.delete_instance(name, project=project)
 
+    async def update_config(
+        self, name: str, config: Mapping[str, str], *, project: str = "default"
+    ) -> None:
+        """``PATCH`` config keys of ``name`` (the others stay as they are)."""
+        await self._mutate(
+            "patch", ("instances", name), params={"project": project}, body={"config": dict(config)}
+        )
+
+    async def push_file(
+        self,
+        name: str,
+        path: str,
+        content: bytes,
+        *,
+        mode: int = 0o644,
+        project: str = "default",
+    ) -> None:
+        """Write ``content`` to ``path`` inside running ``name`` (root-owned, ``mode``)."""
+        headers = {
+            "X-Incus-uid": "0",
+            "X-Incus-gid": "0",
+            "X-Incus-mode": f"{mode:04o}",
+            "X-Incus-type": "file",
+            "X-Incus-write": "overwrite",
+            "Content-Type": "application/octet-stream",
+        }
+
+        def call() -> None:
+            self._node(("instances", name, "files")).post(
+                params={"path": path, "project": project},
+                data=content,
+                headers=headers,
+                timeout=self.request_timeout_s,
+            )
+
+        await self._in_thread(call, budget_s=self.request_timeout_s + 1.0)
+
+    async def execute(
+        self,
+        name: str,
+        command: list[str],
+        *,
+        environment: Mapping[str, str] | None = None,
+        project: str = "default",
+    ) -> int:
+        """Run ``command`` in ``name`` without a terminal and wait for it; its exit code.
+
+        The output is recorded by Incus (``record-output``), never read back here: it may
+        carry what the command was given."""
+        body = {
+            "command": command,
+            "environment": dict(environment or {}),
+            "wait-for-websocket": False,
+            "interactive": False,
+            "record-output": True,
+        }
+        op = await self._mutate(
+            "post", ("instances", name, "exec"), params={"project": project}, body=body
+        )
+        metadata = op.get("metadata") or {}
+        return int(metadata.get("return", -1))
+
     # ------------------------------------------------------------------ events
 
     def lifecycle_events(

@@ -124,6 +124,8 @@ class InstanceSpec:
     image_server: str | None = None
     image_protocol: str = "simplestreams"
     instance_type: str = "virtual-machine"
+    #: cloud-init user data (``cloud-init.user-data``); a secret: never logged
+    user_data: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         bad = [k for k in self.tags if not k.startswith("user.")]
@@ -175,6 +177,8 @@ class InstanceSpec:
             "limits.memory": f"{self.demand.memory_mib}MiB",
             **self.tags,
         }
+        if self.user_data is not None:
+            config["cloud-init.user-data"] = self.user_data
         return {
             "name": self.name,
             "type": self.instance_type,

@@ -327,6 +327,29 @@ async def put_instance_state(request: web.Request) -> web.Response:
     return _operation(op)
 
 
+async def post_instance_file(request: web.Request) -> web.Response:
+    mode = request.headers.get("X-Incus-mode", "0644")
+    try:
+        mode_bits = int(mode, 8)
+    except ValueError:
+        raise ApiError(400, f"Invalid file mode {mode!r}") from None
+    _host(request).push_file(
+        project=_project(request),
+        name=request.match_info["name"],
+        path=request.query.get("path", ""),
+        content=await request.read(),
+        mode=mode_bits,
+    )
+    return sync_response({})
+
+
+async def post_instance_exec(request: web.Request) -> web.Response:
+    host = _host(request)
+    body = await _body(request)
+    op = host.execute(project=_project(request), name=request.match_info["name"], request=body)
+    return _operation(op)
+
+
 # ---------------------------------------------------------------------- operations
 
 
@@ -466,6 +489,8 @@ def add_incus_routes(app: web.Application) -> None:
     app.router.add_delete("/1.0/instances/{name}", delete_instance)
     app.router.add_get("/1.0/instances/{name}/state", get_instance_state)
     app.router.add_put("/1.0/instances/{name}/state", put_instance_state)
+    app.router.add_post("/1.0/instances/{name}/files", post_instance_file)
+    app.router.add_post("/1.0/instances/{name}/exec", post_instance_exec)
     app.router.add_get("/1.0/operations", list_operations)
     app.router.add_get("/1.0/operations/{id}", get_operation)
     app.router.add_delete("/1.0/operations/{id}", delete_operation)

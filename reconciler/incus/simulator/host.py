@@ -167,6 +167,9 @@ class SimInstance:
     boot: asyncio.TimerHandle | None = None
     generation: int = 0  # bumped on every stop: stale boot timers do nothing
     thawed_status: StatusCode = StatusCode.RUNNING
+    #: files pushed into the instance (path -> (content, mode)), and commands executed
+    files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    executed: list[tuple[list[str], dict[str, str]]] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -441,6 +444,35 @@ class SimHost:
             apply()
 
         return self._operation(description="Updating instance", inst=inst, work=work)
+
+    def push_file(self, *, project: str, name: str, path: str, content: bytes, mode: int) -> None:
+        """``POST /1.0/instances/NAME/files``: needs a running instance (as Incus does
+        for a VM, through its agent)."""
+        inst = self.require_instance(project, name)
+        if not path.startswith("/"):
+            raise ApiError(400, "Path must be absolute")
+        if not inst.is_running:
+            raise ApiError(400, "Instance is not running")
+        inst.files[path] = (content, mode)
+
+    def execute(self, *, project: str, name: str, request: dict[str, Any]) -> Operation:
+        """``POST /1.0/instances/NAME/exec`` without websockets (``record-output``): the
+        command is recorded and "returns" 0; nothing runs."""
+        inst = self.require_instance(project, name)
+        if not inst.is_running:
+            raise ApiError(400, "Instance is not running")
+        command = request.get("command")
+        if not isinstance(command, list) or not command:
+            raise ApiError(400, "Command must be a non-empty list")
+        environment = {str(k): str(v) for k, v in (request.get("environment") or {}).items()}
+
+        async def work() -> None:
+            await self._sleep(self.timing.action_delay_s)
+            inst.executed.append(([str(c) for c in command], environment))
+            op.metadata = {"return": 0, "output": {}}
+
+        op = self._operation(description="Executing command", inst=inst, work=work)
+        return op
 
     # ------------------------------------------------------------------ state machine
 

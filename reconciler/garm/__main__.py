@@ -1,0 +1,5 @@
+"""``python -m reconciler.garm``: the provider, as ``reconciler-garm-provider``."""
+
+from reconciler.garm.program import main
+
+main()

@@ -1,0 +1,183 @@
+"""The provider's configuration file (``GARM_PROVIDER_CONFIG_FILE``), TOML.
+
+Top-level keys are the long options of the other commands with ``-`` written ``_``;
+``[incus.hosts]`` names each host's endpoint and ``[pools]`` maps GARM flavors to
+reconciler pools. Every key is checked: an unknown key or a wrong type is an error that
+names it (and never shows a secret's value).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from reconciler.bus.connection import DEFAULT_NATS_URL, ConnectOptions, parse_urls
+from reconciler.garm.protocol import ProviderError
+from reconciler.incus.endpoints import IncusEndpoint
+
+__all__ = ["ADMISSION_VERBS", "ProviderConfig", "load_config"]
+
+ADMISSION_VERBS = ("admit-preemptible", "admit")
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_STRINGS = (
+    "nats_url",
+    "nats_user",
+    "nats_password",
+    "nats_creds",
+    "nats_nkey",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
+    "inbox_prefix",
+    "prefix",
+    "incus_cert",
+    "incus_key",
+    "admission",
+)
+_NUMBERS = ("decision_timeout", "query_timeout", "incus_timeout")
+_KNOWN = {*_STRINGS, *_NUMBERS, "incus_verify", "incus", "pools"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProviderConfig:
+    """The parsed file. ``password`` and key paths are never put into messages."""
+
+    nats: ConnectOptions = field(default_factory=ConnectOptions)
+    prefix: str = "rc"
+    hosts: Mapping[str, IncusEndpoint] = field(default_factory=dict)
+    pools: Mapping[str, str] = field(default_factory=dict)
+    admission: str = "admit-preemptible"
+    decision_timeout_s: float = 600.0
+    query_timeout_s: float = 10.0
+    incus_timeout_s: float = 30.0
+
+    def pool_of(self, flavor: str) -> str:
+        """The reconciler pool of a GARM flavor (the flavor itself without an entry)."""
+        pool = self.pools.get(flavor, flavor)
+        if not _TOKEN.fullmatch(pool):
+            raise ProviderError(
+                f"flavor {flavor!r} names no valid pool; map it under [pools] in the config"
+            )
+        return pool
+
+    def endpoint(self, host: str) -> IncusEndpoint:
+        found = self.hosts.get(host)
+        if found is None:
+            raise ProviderError(
+                f"host {host!r} is not in [incus.hosts] of the provider's config file"
+            )
+        return found
+
+
+def endpoint_url(value: str) -> str:
+    """A pylxd URL: ``https://…``/``http://…`` as given; a socket path becomes http+unix."""
+    if value.startswith(("https://", "http://", "http+unix://")):
+        return value
+    path = value.removeprefix("unix:")
+    if not path.startswith("/"):
+        raise ProviderError(f"Incus endpoint {value!r} is neither a URL nor a socket path")
+    return "http+unix://" + quote(path, safe="")
+
+
+def _check_types(raw: Mapping[str, Any]) -> None:
+    unknown = sorted(set(raw) - _KNOWN)
+    if unknown:
+        raise ProviderError(f"config: unknown key(s) {', '.join(unknown)}")
+    for key in _STRINGS:
+        if key in raw and not isinstance(raw[key], str):
+            raise ProviderError(f"config: {key} must be a string")
+    for key in _NUMBERS:
+        value = raw.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+        ):
+            raise ProviderError(f"config: {key} must be a number of seconds > 0")
+    verify = raw.get("incus_verify")
+    if verify is not None and not isinstance(verify, bool | str):
+        raise ProviderError("config: incus_verify must be true, false or a CA file path")
+
+
+def _hosts(raw: Mapping[str, Any]) -> dict[str, IncusEndpoint]:
+    incus = raw.get("incus", {})
+    if not isinstance(incus, dict) or set(incus) - {"hosts"}:
+        raise ProviderError("config: [incus] holds only the table [incus.hosts]")
+    table = incus.get("hosts", {})
+    if not isinstance(table, dict):
+        raise ProviderError("config: [incus.hosts] maps host names to endpoints")
+    cert = None
+    if "incus_cert" in raw or "incus_key" in raw:
+        if "incus_cert" not in raw or "incus_key" not in raw:
+            raise ProviderError("config: incus_cert and incus_key go together")
+        cert = (str(raw["incus_cert"]), str(raw["incus_key"]))
+    verify: bool | str = raw.get("incus_verify", True)
+    hosts = {}
+    for host, value in table.items():
+        if not isinstance(value, str) or not _TOKEN.fullmatch(host):
+            raise ProviderError(f"config: [incus.hosts] {host!r} must name an endpoint string")
+        url = endpoint_url(value)
+        secure = url.startswith("https://")
+        hosts[host] = IncusEndpoint(
+            host=host,
+            url=url,
+            cert=cert if secure else None,
+            verify=verify if secure else True,
+        )
+    return hosts
+
+
+def parse_config(raw: Mapping[str, Any]) -> ProviderConfig:
+    _check_types(raw)
+    pools = raw.get("pools", {})
+    if not isinstance(pools, dict) or not all(isinstance(v, str) for v in pools.values()):
+        raise ProviderError("config: [pools] maps GARM flavors to pool names (strings)")
+    admission = raw.get("admission", "admit-preemptible")
+    if admission not in ADMISSION_VERBS:
+        raise ProviderError(f"config: admission must be one of {', '.join(ADMISSION_VERBS)}")
+    prefix = raw.get("prefix", "rc")
+    if not _TOKEN.fullmatch(prefix):
+        raise ProviderError("config: prefix must be one subject token")
+    try:
+        nats = ConnectOptions(
+            urls=parse_urls(raw.get("nats_url", DEFAULT_NATS_URL)),
+            user=raw.get("nats_user"),
+            password=raw.get("nats_password"),
+            creds_file=raw.get("nats_creds"),
+            nkey_seed_file=raw.get("nats_nkey"),
+            tls_ca_file=raw.get("tls_ca"),
+            tls_cert_file=raw.get("tls_cert"),
+            tls_key_file=raw.get("tls_key"),
+            inbox_prefix=raw.get("inbox_prefix", "_INBOX"),
+            name="garm-provider",
+            reconnect_wait_s=0.5,
+            initial_timeout_s=float(raw.get("query_timeout", 10.0)),
+        )
+    except ValueError as exc:
+        raise ProviderError(f"config: {exc}") from None
+    return ProviderConfig(
+        nats=nats,
+        prefix=prefix,
+        hosts=_hosts(raw),
+        pools=dict(pools),
+        admission=admission,
+        decision_timeout_s=float(raw.get("decision_timeout", 600.0)),
+        query_timeout_s=float(raw.get("query_timeout", 10.0)),
+        incus_timeout_s=float(raw.get("incus_timeout", 30.0)),
+    )
+
+
+def load_config(path: str) -> ProviderConfig:
+    """Read and check the file GARM names in ``GARM_PROVIDER_CONFIG_FILE``."""
+    if not path:
+        raise ProviderError("GARM_PROVIDER_CONFIG_FILE is empty: set config_file in GARM")
+    try:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ProviderError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ProviderError(f"config file {path} is not valid TOML: {exc}") from None
+    return parse_config(raw)

@@ -1,0 +1,240 @@
+"""The GARM provider's protocol, configuration and bootstrap rendering: pure functions,
+and the executable's answers that need neither the bus nor Incus (run as GARM runs it)."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reconciler.garm.attempts import job_of, request_id, runner_of_job
+from reconciler.garm.bootstrap import cloud_config, injection, install_script
+from reconciler.garm.config import load_config, parse_config
+from reconciler.garm.protocol import (
+    ExitCode,
+    Invocation,
+    ProviderError,
+    garm_status,
+    parse_bootstrap,
+    provider_instance,
+)
+from tests.garm_support import CA_PEM, TOKEN, Garm, bootstrap, install_template
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def parsed(**changes: Any) -> Any:
+    body = bootstrap("garm-abc", "small")
+    body.update(changes)
+    return parse_bootstrap(orjson.dumps(body))
+
+
+# ----------------------------------------------------------------------- protocol
+
+
+def test_a_bootstrap_with_garms_key_spellings_is_read() -> None:
+    b = parsed()
+    assert (b.name, b.flavor, b.os_type, b.arch) == ("garm-abc", "small", "linux", "amd64")
+    assert b.callback_url.endswith("/callbacks") and b.metadata_url.endswith("/metadata")
+    assert b.instance_token == TOKEN and b.ca_bundle == CA_PEM
+    assert b.install_template() == base64.b64decode(install_template("garm-abc"))
+    assert TOKEN not in repr(b) and "CERTIFICATE" not in repr(b)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "not JSON"),
+        (b"[1]", "JSON object"),
+        (b'{"flavor": "x"}', "'name' is missing"),
+        (orjson.dumps({"name": "-bad", "flavor": "x"}), "not a valid Incus instance name"),
+        (orjson.dumps({"name": "ok-1"}), "'flavor' is missing"),
+        (orjson.dumps({"name": "ok-1", "flavor": "x", "ca-cert-bundle": "%%"}), "not base64"),
+        (orjson.dumps({"name": "ok-1", "flavor": "x", "extra_specs": [1]}), "JSON object"),
+    ],
+)
+def test_a_malformed_bootstrap_is_a_clear_error(data: bytes, message: str) -> None:
+    with pytest.raises(ProviderError, match=message) as caught:
+        parse_bootstrap(data)
+    assert caught.value.code is ExitCode.FAILED
+
+
+def test_a_template_that_is_not_base64_is_refused() -> None:
+    b = parsed(extra_specs={"runner_install_template": "not base64!"})
+    with pytest.raises(ProviderError, match="not base64"):
+        b.install_template()
+
+
+def test_the_environment_of_a_v011_call_is_read() -> None:
+    specs = base64.b64encode(b'{"runner_install_template": "eA=="}').decode()
+    inv = Invocation.from_environ(
+        {
+            "GARM_COMMAND": "ListInstances",
+            "GARM_CONTROLLER_ID": "c",
+            "GARM_PROVIDER_CONFIG_FILE": "/etc/x.toml",
+            "GARM_POOL_ID": "p",
+            "GARM_POOL_EXTRASPECS": specs,
+            "GARM_INTERFACE_VERSION": "v0.1.1",
+        }
+    )
+    assert inv.extra_specs == {"runner_install_template": "eA=="} and inv.pool_id == "p"
+    scale_set = Invocation.from_environ({"GARM_COMMAND": "x", "GARM_POOL_EXTRASPECS": "bnVsbA=="})
+    assert scale_set.extra_specs is None
+    with pytest.raises(ProviderError, match="GARM_COMMAND"):
+        Invocation.from_environ({})
+
+
+def test_statuses_and_faults_are_garms() -> None:
+    assert [garm_status(s) for s in ("Running", "Ready", "Stopped", "Error", "Frozen")] == [
+        "running",
+        "running",
+        "stopped",
+        "error",
+        "unknown",
+    ]
+    out = provider_instance(name="n", provider_id="p", status="error", fault="disk on fire")
+    assert base64.b64decode(out["provider_fault"]) == b"disk on fire"
+    with pytest.raises(ValueError):
+        provider_instance(name="n", provider_id="p", status="pending_create")
+
+
+@given(st.from_regex(r"[a-z][a-z0-9-]{0,61}[a-z0-9]", fullmatch=True), st.integers(1, 64))
+def test_attempt_identities_are_tokens_and_give_the_runner_back(name: str, n: int) -> None:
+    for step in ("claim", "admit", "created", "injected"):
+        rid = request_id(name, n, step)
+        assert len(rid) <= 128 and all(c.isalnum() or c in "-_" for c in rid)
+    assert runner_of_job(job_of(name, n)) == name
+    assert (job_of(name, n) == name) == (n == 1)
+
+
+# ----------------------------------------------------------------------- config
+
+
+def test_the_config_file_is_read_and_checked(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(
+        'nats_url = "nats://a:4222, nats://b:4222"\nnats_user = "garm"\nnats_password = "s3cret"\n'
+        'prefix = "rc"\ndecision_timeout = 30\nincus_verify = false\n'
+        'incus_cert = "/c.crt"\nincus_key = "/c.key"\n'
+        '[incus.hosts]\nhost-01 = "/var/lib/incus/unix.socket"\nhost-02 = "https://h2:8443"\n'
+        '[pools]\nsmall = "ci-small"\n'
+    )
+    config = load_config(str(path))
+    assert config.nats.urls == ("nats://a:4222", "nats://b:4222")
+    assert config.decision_timeout_s == 30 and config.pool_of("small") == "ci-small"
+    assert config.pool_of("other") == "other"
+    assert config.hosts["host-01"].url == "http+unix://%2Fvar%2Flib%2Fincus%2Funix.socket"
+    assert config.hosts["host-01"].cert is None
+    assert config.hosts["host-02"].cert == ("/c.crt", "/c.key")
+    assert config.hosts["host-02"].verify is False
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"nats_urll": "x"}, "unknown key"),
+        ({"decision_timeout": -1}, "decision_timeout"),
+        ({"admission": "yolo"}, "admission"),
+        ({"incus": {"hosts": {"h": 1}}}, "endpoint"),
+        ({"incus": {"hosts": {"h": "relative/path"}}}, "neither a URL"),
+        ({"incus_cert": "/c"}, "go together"),
+        ({"nats_password": "s3cret"}, "needs a user"),
+        ({"pools": {"a": 1}}, "pool names"),
+    ],
+)
+def test_a_bad_config_is_refused_naming_the_key(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ProviderError, match=message) as caught:
+        parse_config(raw)
+    assert "s3cret" not in caught.value.message
+
+
+def test_a_missing_or_broken_config_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ProviderError, match="GARM_PROVIDER_CONFIG_FILE is empty"):
+        load_config("")
+    with pytest.raises(ProviderError, match="cannot read"):
+        load_config(str(tmp_path / "missing.toml"))
+    (tmp_path / "bad.toml").write_text("= nope")
+    with pytest.raises(ProviderError, match="not valid TOML"):
+        load_config(str(tmp_path / "bad.toml"))
+
+
+# ----------------------------------------------------------------------- bootstrap
+
+
+def test_cloud_config_carries_the_script_the_ca_and_the_proxy() -> None:
+    b = parsed(proxy_config={"http_proxy": "http://proxy:3128", "no_proxy": "10.0.0.0/8"})
+    text = cloud_config(b)
+    assert text.startswith("#cloud-config\n")
+    config = orjson.loads(text.split("\n", 1)[1])
+    (script, proxy) = config["write_files"]
+    assert base64.b64decode(script["content"]) == install_script(b)
+    assert script["path"] == "/install_runner.sh" and script["permissions"] == "0755"
+    assert "http_proxy='http://proxy:3128'" in proxy["content"] or (
+        "http_proxy=http://proxy:3128" in proxy["content"]
+    )
+    assert config["ca_certs"]["trusted"] == [CA_PEM.decode()]
+    assert config["runcmd"] == [["su", "-l", "-c", "/install_runner.sh", "runner"]]
+    assert config["package_update"] is False  # disable_updates_on_boot
+
+
+def test_without_a_template_the_script_fetches_garms_install_script() -> None:
+    b = parsed(extra_specs=None)
+    script = install_script(b).decode()
+    assert "https://garm.example:9997/api/v1/metadata/install-script/" in script
+    assert TOKEN in script  # GARM's own wrapper embeds it too: it goes to Incus only
+
+
+def test_a_warm_injection_pushes_files_then_runs_one_command_without_secrets() -> None:
+    plan = injection(parsed())
+    paths = [path for path, _, _ in plan.files]
+    assert paths == ["/install_runner.sh", "/usr/local/share/ca-certificates/garm-ca-bundle.crt"]
+    assert plan.prepare[:2] == ("mkdir", "-p") and "/var/log" in plan.prepare
+    assert TOKEN not in " ".join(plan.command) and TOKEN not in repr(plan)
+
+
+# ----------------------------------------------------------------------- the executable
+
+
+@pytest.fixture
+def garm(tmp_path: Path) -> Garm:
+    return Garm(tmp_path / "none.toml")
+
+
+async def test_local_commands_answer_on_stdout_only(garm: Garm) -> None:
+    version = await garm.run(garm.env("GetVersion"))
+    assert version.code == 0 and version.stdout.decode().strip()
+    versions = await garm.run(garm.env("GetSupportedInterfaceVersions"))
+    assert versions.json() == ["v0.1.0", "v0.1.1"]
+    schema = await garm.run(garm.env("GetConfigJSONSchema"))
+    assert "nats_url" in schema.json()["properties"]
+    specs = await garm.run(garm.env("GetExtraSpecsJSONSchema"))
+    assert "runner_install_template" in specs.json()["properties"]
+    ok = await garm.run(
+        garm.env("ValidatePoolInfo", GARM_POOL_EXTRASPECS=base64.b64encode(b"{}").decode())
+    )
+    assert ok.code == 0 and ok.stdout == b""
+
+
+async def test_bad_calls_exit_1_with_a_clear_message(garm: Garm) -> None:
+    unknown = await garm.run(garm.env("Reboot"))
+    assert unknown.code == 1 and unknown.stdout == b""
+    assert "unknown GARM_COMMAND 'Reboot'" in unknown.stderr.decode()
+    nothing = await garm.run({})
+    assert nothing.code == 1 and "GARM_COMMAND is not set" in nothing.stderr.decode()
+    malformed = await garm.run(garm.env("CreateInstance", GARM_POOL_ID="p"), b"{not json")
+    assert malformed.code == 1 and "stdin is not JSON" in malformed.stderr.decode()
+    no_config = await garm.run(garm.env("ListInstances", GARM_POOL_ID="p"))
+    assert no_config.code == 1 and "cannot read config file" in no_config.stderr.decode()
+    bad_specs = await garm.run(garm.env("ValidatePoolInfo", GARM_POOL_EXTRASPECS="%%%"))
+    assert bad_specs.code == 1 and "GARM_POOL_EXTRASPECS" in bad_specs.stderr.decode()
+
+
+def test_the_example_config_file_is_valid() -> None:
+    example = Path(__file__).parent.parent / "compose" / "garm-provider.toml"
+    config = load_config(str(example))
+    assert config.pool_of("small") == "ci-small" and "host-01" in config.hosts
