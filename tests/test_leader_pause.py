@@ -98,7 +98,7 @@ async def test_a_paused_leader_steps_down_and_goes_on_as_a_follower(
             for _ in range(PAUSES):
                 await anyio.sleep(1.0)
                 with anyio.fail_after(30):
-                    while (leader := await leader_of(bus)) not in procs:
+                    while (leader := await leader_of(bus)) not in procs:  # noqa: ASYNC110
                         await anyio.sleep(0.1)
                 assert leader is not None
                 before = stepped_down(logs[leader])
