@@ -14,6 +14,9 @@ Rules:
 - ``nkey_seed_file`` authenticates with an NKey seed file (the seed is read by nats-py,
   never held by us); ``inbox_prefix`` scopes every reply subject (requests, publish acks,
   pull deliveries) so that a least-privilege user subscribes to ``<prefix>.>`` only.
+- A permissions violation the server reports is logged as an error naming the subject,
+  and fed to the connection's :class:`~reconciler.bus.violations.ViolationWatch`, so a
+  call it refused fails at once instead of timing out.
 - Secrets (password, seed, key) are never logged nor put into an error message.
 """
 
@@ -28,6 +31,8 @@ from typing import cast
 import anyio
 import structlog
 from nats.aio.client import Client
+
+from reconciler.bus.violations import watch_of
 
 __all__ = ["DEFAULT_NATS_URL", "ConnectOptions", "connect", "parse_urls"]
 
@@ -113,6 +118,7 @@ async def connect(opts: ConnectOptions) -> Client:
         )
     log = logger.bind(connection=opts.name)
     nc = Client()
+    watch = watch_of(nc)
 
     async def on_disconnected() -> None:
         if nc.is_closed:  # our own close(): on_closed says so
@@ -123,6 +129,10 @@ async def connect(opts: ConnectOptions) -> Client:
         log.info("nats.reconnected", server=_server(nc))
 
     async def on_error(exc: Exception) -> None:
+        violation = watch.record(exc)
+        if violation is not None:
+            log.error("nats.permission_violation", error=str(violation))
+            return
         log.warning("nats.error", error=str(exc) or type(exc).__name__, type=type(exc).__name__)
 
     async def on_closed() -> None:

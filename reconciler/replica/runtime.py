@@ -42,6 +42,7 @@ from reconciler.bus.streams import (
     DEFAULT_LEADER_TTL_S,
     DEFAULT_MAX_AGE_S,
     StreamNames,
+    StreamSetupError,
     ensure_streams,
 )
 from reconciler.incus.endpoints import IncusEndpoint
@@ -93,6 +94,8 @@ class RunConfig:
     leader_ttl_s: float = DEFAULT_LEADER_TTL_S
     max_age_s: float = DEFAULT_MAX_AGE_S
     duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S
+    #: replicas of the streams and the bucket when this replica creates them
+    stream_replicas: int = 1
     metrics_addr: str | None = None
     #: after loading the store, move every live object into the garbage collector's
     #: permanent generation (``gc.freeze``): full collections then never scan the loaded
@@ -105,8 +108,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", self.replica):
             raise ValueError(f"replica name must be 1-64 of [A-Za-z0-9_-], not {self.replica!r}")
-        if self.workers < 1 or self.batch < 1:
-            raise ValueError("workers and batch must be >= 1")
+        if self.workers < 1 or self.batch < 1 or self.stream_replicas < 1:
+            raise ValueError("workers, batch and stream_replicas must be >= 1")
         for name in (
             "status_debounce_s",
             "status_progress_interval_s",
@@ -153,13 +156,17 @@ class Replica:
         try:
             js = nc.jetstream()
             self.js = js
-            await ensure_streams(
-                js,
-                self.names,
-                max_age_s=cfg.max_age_s,
-                duplicate_window_s=cfg.duplicate_window_s,
-                leader_ttl_s=cfg.leader_ttl_s,
-            )
+            try:
+                await ensure_streams(
+                    js,
+                    self.names,
+                    max_age_s=cfg.max_age_s,
+                    duplicate_window_s=cfg.duplicate_window_s,
+                    leader_ttl_s=cfg.leader_ttl_s,
+                    replicas=cfg.stream_replicas,
+                )
+            except StreamSetupError as exc:
+                raise StartupError(str(exc)) from None
             writer_process = cfg.store_writer == "process"
             async with await Store.open(cfg.db, writer_process=writer_process) as store:
                 self.store = store

@@ -1,0 +1,107 @@
+"""Options a secured deployment needs (CONTRACT.md, "Security and deployment options"):
+private database files, secrets from files, messages sized before sending, publishes
+retried through a missing stream with the same Nats-Msg-Id, and permission violations
+reported as typed errors."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import anyio
+import click
+import pytest
+from nats.aio.client import Client
+from nats.js.errors import NoStreamResponseError
+
+from reconciler.bus.sending import PayloadTooLarge, encoded_size, publish
+from reconciler.bus.streams import StreamNames, ensure_streams
+from reconciler.bus.violations import PermissionViolation, ViolationWatch, parse_violation
+from reconciler.cli.options import read_secret
+from reconciler.executor.store import ExecutorStore
+from reconciler.store.sqlite import Store
+
+
+@pytest.mark.parametrize("writer_process", [False, True])
+async def test_a_new_store_is_private_to_its_owner(tmp_path: Path, writer_process: bool) -> None:
+    db = tmp_path / "rc.db"
+    async with await Store.open(db, writer_process=writer_process) as store:
+        await store.mark_published_through(0)
+    files = list(tmp_path.iterdir())  # noqa: ASYNC240 - a test's own directory
+    assert files  # the database (and its WAL, shared memory and writer lock)
+    for path in files:
+        assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
+
+
+async def test_a_new_executor_database_is_private(tmp_path: Path) -> None:
+    db = tmp_path / "exec.db"
+    store = await ExecutorStore.open(db)
+    await store.close()
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600
+
+
+def test_a_secret_file_gives_its_first_line_and_errors_never_show_it(tmp_path: Path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret-Value\n")
+    assert read_secret(secret, option="--nats-password-file") == "s3cret-Value"
+    secret.write_text("")
+    with pytest.raises(click.BadParameter, match="is empty"):
+        read_secret(secret, option="--nats-password-file")
+    secret.write_bytes(b"\xff\xfes3cret")
+    with pytest.raises(click.BadParameter) as info:
+        read_secret(secret, option="--nats-password-file")
+    assert "s3cret" not in str(info.value)
+
+
+def test_violations_are_recognised_in_nats_py_errors() -> None:
+    found = parse_violation('nats: permissions violation for publish to "rc.in.cmd.admit"')
+    assert found is not None
+    assert (found.operation, found.subject) == ("publish", "rc.in.cmd.admit")
+    assert "rc.in.cmd.admit" in str(found) and "publish permission" in str(found)
+    sub = parse_violation("nats: Permissions Violation for Subscription to _INBOX.x.>")
+    assert sub is not None and (sub.operation, sub.subject) == ("subscribe", "_INBOX.x.>")
+    assert parse_violation("nats: stale connection") is None
+    watch = ViolationWatch()
+    assert watch.record("nats: slow consumer") is None and watch.count == 0
+    recorded = watch.record('nats: permissions violation for publish to "rc.out.x"')
+    assert isinstance(recorded, PermissionViolation) and watch.count == 1
+
+
+def test_headers_count_against_max_payload() -> None:
+    assert encoded_size(b"x" * 10, None) == 10
+    # NATS/1.0\r\n + "Nats-Msg-Id: a\r\n" + \r\n + payload
+    assert encoded_size(b"x" * 10, {"Nats-Msg-Id": "a"}) == 10 + 16 + 12
+
+
+async def test_a_message_over_max_payload_is_refused_before_sending(nc: Client) -> None:
+    js = nc.jetstream()
+    await ensure_streams(js, StreamNames.for_prefix("rc"))
+    limit = nc.max_payload
+    headers_size = encoded_size(b"", {"Nats-Msg-Id": "big"})
+    with pytest.raises(PayloadTooLarge, match="max_payload"):
+        # the payload alone fits (nats-py would send it); with the header it does not
+        await publish(js, "rc.in.cmd.admit", b"x" * (limit - headers_size + 1), msg_id="big")
+    assert nc.is_connected
+    ack = await publish(js, "rc.in.cmd.admit", b"x" * (limit - headers_size), msg_id="big")
+    assert ack.seq == 1 and not ack.duplicate
+
+
+async def test_a_publish_waits_for_its_stream_and_keeps_its_msg_id(nc: Client) -> None:
+    js = nc.jetstream()
+    names = StreamNames.for_prefix("late")
+    with pytest.raises(NoStreamResponseError):
+        await publish(js, "late.in.cmd.admit", b"{}", msg_id="once", retry_for_s=0.2)
+    async with anyio.create_task_group() as tg:
+        first: list[int] = []
+
+        async def send() -> None:
+            first.append((await publish(js, "late.in.cmd.admit", b"{}", msg_id="once")).seq)
+
+        tg.start_soon(send)
+        await anyio.sleep(0.5)  # retrying: no stream yet
+        assert not first
+        await ensure_streams(js, names)
+    again = await publish(js, "late.in.cmd.admit", b"{}", msg_id="once")
+    assert again.duplicate and again.seq == first[0]
+    assert (await js.stream_info(names.in_stream)).state.messages == 1
+
