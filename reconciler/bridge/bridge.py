@@ -41,6 +41,7 @@ import structlog
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from reconciler.bus.sending import publish
 from reconciler.bus.streams import StreamNames
 from reconciler.core.model import Resources
 from reconciler.incus.client import IncusHost
@@ -220,9 +221,7 @@ class HostBridge:
             return
         body = orjson.dumps({"v": 1, "host": self.host, "event": event})
         digest = hashlib.sha256(body).hexdigest()[:32]
-        await self.js.publish(
-            self.subject("lifecycle"), body, headers={"Nats-Msg-Id": f"lifecycle:{digest}"}
-        )
+        await publish(self.js, self.subject("lifecycle"), body, msg_id=f"lifecycle:{digest}")
         self.published["lifecycle"] += 1
         self._log.debug("bridge.lifecycle", action=action, instance=metadata.get("name"))
         if action in _INVENTORY_SOON:
@@ -263,7 +262,7 @@ class HostBridge:
         if not force and content == self._last_snapshot:
             return
         payload = {**content, "revision": self._revisions.next("snapshot")}
-        await self.js.publish(self.subject("snapshot"), orjson.dumps(payload))
+        await publish(self.js, self.subject("snapshot"), orjson.dumps(payload))
         self._last_snapshot = content
         self.published["snapshot"] += 1
         self._log.info("bridge.snapshot", revision=payload["revision"], uid=uid)
@@ -279,7 +278,7 @@ class HostBridge:
             "revision": self._revisions.next("inventory"),
             "instances": [view.as_inventory() for view in instances],
         }
-        await self.js.publish(self.subject("inventory"), orjson.dumps(payload))
+        await publish(self.js, self.subject("inventory"), orjson.dumps(payload))
         self.published["inventory"] += 1
         self._log.info("bridge.inventory", revision=payload["revision"], instances=len(instances))
 
