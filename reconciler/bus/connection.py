@@ -5,7 +5,11 @@ Rules:
 - A connection reconnects forever (``max_reconnect_attempts=-1``), waiting
   ``reconnect_wait_s`` between attempts to the same server. The *initial* connect retries
   the same way, so a daemon started before its NATS server waits for it; pass
-  ``initial_timeout_s`` to give up instead (``TimeoutError``).
+  ``initial_timeout_s`` to give up instead (``TimeoutError``). A first connection that
+  can never succeed (the server's certificate not trusted or not for that host name,
+  our client certificate refused, our credentials refused) raises
+  :class:`ConnectRefused` at once, saying which; later reconnections keep trying
+  (credentials may be rotated meanwhile).
 - Disconnects, reconnects, errors and the final close are logged through structlog; the
   client never prints.
 - ``tls_ca_file`` makes a TLS context that verifies the server against that CA; without
@@ -23,6 +27,7 @@ Rules:
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 import ssl
 from dataclasses import dataclass
@@ -34,7 +39,7 @@ from nats.aio.client import Client
 
 from reconciler.bus.violations import watch_of
 
-__all__ = ["DEFAULT_NATS_URL", "ConnectOptions", "connect", "parse_urls"]
+__all__ = ["DEFAULT_NATS_URL", "ConnectOptions", "ConnectRefused", "connect", "parse_urls"]
 
 logger = structlog.get_logger(__name__)
 
@@ -119,6 +124,9 @@ async def connect(opts: ConnectOptions) -> Client:
     log = logger.bind(connection=opts.name)
     nc = Client()
     watch = watch_of(nc)
+    #: why the first connection can never succeed (TLS or credentials refused)
+    refusals: list[str] = []
+    refused = anyio.Event()
 
     async def on_disconnected() -> None:
         if nc.is_closed:  # our own close(): on_closed says so
@@ -129,6 +137,12 @@ async def connect(opts: ConnectOptions) -> Client:
         log.info("nats.reconnected", server=_server(nc))
 
     async def on_error(exc: Exception) -> None:
+        if not nc.is_connected and not nc.stats["reconnects"] and not refused.is_set():
+            why = _refusal(exc)
+            if why is not None:
+                refusals.append(why)
+                refused.set()
+                return
         violation = watch.record(exc)
         if violation is not None:
             log.error("nats.permission_violation", error=str(violation))
@@ -165,21 +179,60 @@ async def connect(opts: ConnectOptions) -> Client:
             else None
         ),
     )
-    if opts.initial_timeout_s is None:
-        await attempt
-    else:
-        try:
-            with anyio.fail_after(opts.initial_timeout_s):
-                await attempt
-        except TimeoutError:
-            with anyio.CancelScope(shield=True):
-                await nc.close()
-            raise TimeoutError(
-                f"no NATS server reachable at {', '.join(opts.urls)} "
-                f"within {opts.initial_timeout_s} s"
-            ) from None
+    try:
+        with anyio.fail_after(opts.initial_timeout_s or math.inf):
+            async with anyio.create_task_group() as tg:
+
+                async def first_connect() -> None:
+                    await attempt
+                    tg.cancel_scope.cancel()
+
+                async def until_refused() -> None:
+                    await refused.wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(first_connect)
+                tg.start_soon(until_refused)
+    except TimeoutError:
+        with anyio.CancelScope(shield=True):
+            await nc.close()
+        raise TimeoutError(
+            f"no NATS server reachable at {', '.join(opts.urls)} within {opts.initial_timeout_s} s"
+        ) from None
+    if refusals:
+        with anyio.CancelScope(shield=True):
+            await nc.close()
+        raise ConnectRefused(f"cannot connect to NATS at {', '.join(opts.urls)}: {refusals[0]}")
     log.info("nats.connected", server=_server(nc))
     return nc
+
+
+class ConnectRefused(ConnectionError):
+    """The first connection was refused for a reason that retrying cannot cure: the
+    server's certificate, our client certificate, or our credentials."""
+
+
+def _refusal(exc: BaseException) -> str | None:
+    """What an error of a first connection attempt means, when it is final."""
+    text = str(exc)
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (
+            f"the server's TLS certificate is not trusted ({exc.verify_message}): check "
+            "--tls-ca, and that the URL's host name is one the certificate names"
+        )
+    if isinstance(exc, ssl.SSLError) and (
+        "BAD_CERTIFICATE" in text or "CERTIFICATE_REQUIRED" in text or "UNKNOWN_CA" in text
+    ):
+        return (
+            "the server refused our TLS client certificate (none given, or not signed by "
+            "a CA it trusts): check --tls-cert and --tls-key"
+        )
+    if "authorization violation" in text.lower():
+        return (
+            "the server refused our credentials (Authorization Violation): check "
+            "--nats-user/--nats-password(-file), --nats-nkey or --nats-creds"
+        )
+    return None
 
 
 def _server(nc: Client) -> str | None:

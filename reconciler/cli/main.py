@@ -39,6 +39,7 @@ class _Commands(click.Group):
     LAZY: dict[str, tuple[str, str]] = {
         "bridge": ("reconciler.cli.bridge_cmd", "bridge"),
         "executor": ("reconciler.cli.executor_cmd", "executor"),
+        "provision": ("reconciler.cli.provision", "provision"),
         "sim-incus": ("reconciler.cli.sim_incus", "sim_incus"),
     }
 

@@ -35,7 +35,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from reconciler.bus.codec import Decoder
-from reconciler.bus.connection import ConnectOptions, connect
+from reconciler.bus.connection import ConnectOptions, ConnectRefused, connect
 from reconciler.bus.consumer import InputConsumer
 from reconciler.bus.streams import (
     DEFAULT_DUPLICATE_WINDOW_S,
@@ -151,7 +151,10 @@ class Replica:
 
     async def run(self, *, stop: anyio.Event) -> None:
         cfg = self.config
-        nc = await connect(replace(cfg.nats, name=f"reconciler-{cfg.replica}"))
+        try:
+            nc = await connect(replace(cfg.nats, name=f"reconciler-{cfg.replica}"))
+        except ConnectRefused as exc:
+            raise StartupError(str(exc)) from None
         self.nc = nc
         try:
             js = nc.jetstream()
