@@ -97,12 +97,12 @@ class Node:
                 self.proc.wait(10)
 
     def ready(self) -> bool:
-        """JetStream enabled and the cluster's meta leader known (the monitoring port)."""
+        """Healthy, JetStream current with the cluster's meta leader (the monitoring port)."""
         import urllib.request
 
         try:
             with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.http_port}/healthz?js-enabled-only=true", timeout=0.5
+                f"http://127.0.0.1:{self.http_port}/healthz", timeout=0.5
             ) as resp:
                 return bool(resp.status == 200)
         except OSError:

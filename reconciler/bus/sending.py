@@ -84,6 +84,7 @@ async def publish(
             ack = await guarded(
                 nc,
                 lambda: js.publish(subject, payload, timeout=timeout_s, headers=sent or None),
+                subjects=(subject,),
             )
             if ack.duplicate and not ack.seq:
                 raise NoStreamResponseError(description="duplicate with sequence 0")

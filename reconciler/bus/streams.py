@@ -64,13 +64,15 @@ class StreamSetupError(RuntimeError):
 
 
 def _is_api(violation: PermissionViolation) -> bool:
-    return violation.subject.startswith("$JS.API.")
+    return violation.subject.upper().startswith("$JS.API.")
 
 
-async def _api(js: JetStreamContext, call: Any, *, what: str) -> Any:
-    """A JetStream API call whose permission violation becomes a :class:`StreamSetupError`."""
+async def _api(js: JetStreamContext, call: Any, *, what: str, subject: str) -> Any:
+    """A JetStream API call (on the API ``subject``) whose permission violation becomes a
+    :class:`StreamSetupError`."""
     try:
-        return await guarded(js._nc, call, match=_is_api)  # nats-py keeps the client there
+        # nats-py keeps the context's client in _nc
+        return await guarded(js._nc, call, match=_is_api, subjects=(subject,))
     except PermissionViolation as exc:
         raise StreamSetupError(
             f"{what}: the NATS server refused this user {exc.operation} permission on "
@@ -176,7 +178,10 @@ async def _ensure_stream(
     for _ in range(3):
         try:
             info = await _api(
-                js, lambda: js.stream_info(name), what=f"cannot look up stream {name}"
+                js,
+                lambda: js.stream_info(name),
+                what=f"cannot look up stream {name}",
+                subject=f"$JS.API.STREAM.INFO.{name}",
             )
         except NotFoundError:
             config = api.StreamConfig(name=name, **immutable, **wanted, **replicas)
@@ -185,6 +190,7 @@ async def _ensure_stream(
                     js,
                     functools.partial(js.add_stream, config),
                     what=f"stream {name} does not exist and cannot be created",
+                    subject=f"$JS.API.STREAM.CREATE.{name}",
                 )
             except BadRequestError as exc:
                 if exc.err_code != _STREAM_NAME_IN_USE:
@@ -234,6 +240,7 @@ async def _reconcile(
             js,
             lambda: js.update_stream(current.evolve(**changes)),
             what=f"cannot update stream {current.name}",
+            subject=f"$JS.API.STREAM.UPDATE.{current.name}",
         )
     except StreamSetupError as exc:
         # an operator's stream, and a user without update rights: use it as it is
@@ -275,7 +282,10 @@ async def _ensure_leader_bucket(
     for _ in range(3):
         try:
             info = await _api(
-                js, lambda: js.stream_info(stream), what=f"cannot look up bucket {stream}"
+                js,
+                lambda: js.stream_info(stream),
+                what=f"cannot look up bucket {stream}",
+                subject=f"$JS.API.STREAM.INFO.{stream}",
             )
         except NotFoundError:
             bucket = api.KeyValueConfig(
@@ -290,6 +300,7 @@ async def _ensure_leader_bucket(
                     js,
                     functools.partial(js.create_key_value, bucket),
                     what=f"bucket {names.leader_bucket} does not exist and cannot be created",
+                    subject=f"$JS.API.STREAM.CREATE.{stream}",
                 )
             except BadRequestError as exc:
                 if exc.err_code != _STREAM_NAME_IN_USE:

@@ -11,6 +11,8 @@ Rules:
 - :func:`~reconciler.bus.connection.connect` registers a :class:`ViolationWatch` for
   every client it makes and feeds it every error; :func:`watch_of` finds it (a client
   made elsewhere gets a watch that never fires).
+- nats-py reports the subject in lower case; :func:`guarded` restores the spelling of
+  a subject the caller names.
 - :func:`guarded` runs one call and, if the server reports a violation meanwhile (one
   that ``match`` accepts), cancels it and raises :class:`PermissionViolation` at once,
   naming the operation and the subject the user needs permission for. Nothing of the
@@ -108,9 +110,11 @@ async def guarded(
     call: Callable[[], Awaitable[T]],
     *,
     match: Callable[[PermissionViolation], bool] = _any,
+    subjects: tuple[str, ...] = (),
 ) -> T:
     """``await call()``, unless the server reports a violation first: then
-    :class:`PermissionViolation`, at once."""
+    :class:`PermissionViolation`, at once. nats-py reports subjects in lower case: a
+    violation of one of ``subjects`` (the subjects the call uses) names it as written."""
     watch = watch_of(nc)
     refused: PermissionViolation | None = None
     failed: BaseException | None = None
@@ -135,6 +139,9 @@ async def guarded(
     if result:
         return result[0]
     if refused is not None:
+        for subject in subjects:
+            if subject.lower() == refused.subject.lower():
+                raise PermissionViolation(refused.operation, subject)
         raise refused
     assert failed is not None
     raise failed
