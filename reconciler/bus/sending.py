@@ -9,7 +9,9 @@ Rules:
 - ``NoStreamResponseError`` (no stream, or no stream leader: a few seconds during a
   cluster failover) is retried with a backoff that doubles up to ``max_backoff_s``, for
   ``retry_for_s`` at most, with the *same* ``Nats-Msg-Id``: a retry of a message the
-  stream stored after all is answered ``duplicate`` and stores nothing new. An answer
+  stream stored after all is answered ``duplicate`` and stores nothing new. A publish
+  whose acknowledgement timed out (a node lost mid-publish) is retried the same way,
+  but only when it has a ``Nats-Msg-Id``: without one, a retry could store it twice. An answer
   ``duplicate`` with sequence 0 (nats-server 2.10.14 to 2.10.x during a leadership
   change, for a message never stored) is retried as a failure.
 - A permissions violation raises :class:`~reconciler.bus.violations.PermissionViolation`
@@ -23,6 +25,7 @@ from collections.abc import Mapping
 import anyio
 import structlog
 from nats.aio.client import Client
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext, api
 from nats.js.errors import NoStreamResponseError
 
@@ -89,8 +92,11 @@ async def publish(
             if ack.duplicate and not ack.seq:
                 raise NoStreamResponseError(description="duplicate with sequence 0")
             return ack
-        except NoStreamResponseError as exc:
-            if anyio.current_time() + delay > deadline:
+        except (NoStreamResponseError, NatsTimeoutError) as exc:
+            # a timeout may hide a message stored after all: sent again only with an id
+            if anyio.current_time() + delay > deadline or (
+                isinstance(exc, NatsTimeoutError) and msg_id is None
+            ):
                 raise
             logger.info(
                 "publish.retrying", subject=subject, why=repr(exc), retry_in_s=round(delay, 3)
