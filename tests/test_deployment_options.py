@@ -105,3 +105,25 @@ async def test_a_publish_waits_for_its_stream_and_keeps_its_msg_id(nc: Client) -
     assert again.duplicate and again.seq == first[0]
     assert (await js.stream_info(names.in_stream)).state.messages == 1
 
+
+
+def test_make_credentials_keeps_keys_private_and_is_idempotent(tmp_path: Path) -> None:
+    from cryptography import x509
+
+    from tests.cluster import make_credentials
+
+    out = tmp_path / "secrets"
+    make_credentials(out)
+    ca = (out / "ca.pem").read_bytes()
+    seed = (out / "replica.nk").read_bytes()
+    for path in out.iterdir():
+        private = path.name.endswith(("-key.pem", ".nk"))
+        assert (stat.S_IMODE(path.stat().st_mode) & 0o077 == 0) or not private, path
+    node = x509.load_pem_x509_certificate((out / "nats-1.pem").read_bytes())
+    sans = node.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {"nats-1", "localhost"} <= set(sans.get_values_for_type(x509.DNSName))
+    make_credentials(out)  # again: what exists is kept
+    assert (out / "ca.pem").read_bytes() == ca and (out / "replica.nk").read_bytes() == seed
+    public = seed.decode().strip()
+    assert public not in (out / "nkeys.conf").read_text()  # public keys only
+    assert "REPLICA_NKEY" in (out / "nkeys.conf").read_text()
