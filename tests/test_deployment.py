@@ -136,6 +136,23 @@ async def test_provision_creates_r3_streams_the_bucket_and_the_executor_consumer
         await nc.close()
 
 
+async def test_a_replica_not_in_the_accounts_fails_at_once_naming_its_consumer(
+    cluster: Deployment, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    config = replica_config(cluster, tmp_path / "rc.db", name="replica-9")
+    with anyio.fail_after(20), pytest.raises(StartupError) as info:
+        await Replica(config).run(stop=anyio.Event())
+    assert "$JS.API.CONSUMER.DELETE.RC_IN.RC_IN-replica-9" in str(info.value)
+    TABLE.append(
+        (
+            "replica",
+            "use consumer RC_IN-replica-9 (not its own)",
+            f"StartupError in {time.monotonic() - started:.2f} s",
+        )
+    )
+
+
 # ------------------------------------------------------------------- permissions
 
 
@@ -236,9 +253,13 @@ async def test_what_a_component_may_not_do_is_refused_and_reported(cluster: Depl
 
         async def subscribe_exec() -> None:
             nc = conns["producer"]
-            await nc.subscribe("rc.out.exec.>")
-            await nc.flush()
-            raise await watch_of(nc).next(lambda v: v.subject == "rc.out.exec.>")
+
+            async def subscribe() -> None:
+                await nc.subscribe("rc.out.exec.>")
+                await nc.flush()
+                await anyio.sleep(3)  # the refusal comes asynchronously
+
+            await guarded(nc, subscribe, subjects=("rc.out.exec.>",))
 
         await refused_at_once("producer", "subscribe rc.out.exec.>", subscribe_exec)
     finally:

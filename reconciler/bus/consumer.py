@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +55,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
+
+from reconciler.bus.violations import guarded
 
 __all__ = [
     "Delivery",
@@ -173,8 +176,14 @@ class InputConsumer:
         if from_seq < 1:
             raise ValueError(f"from_seq must be >= 1, got {from_seq}")
         await self._unbind()
+        api_prefix = f"{api.DEFAULT_PREFIX}.CONSUMER"
         with contextlib.suppress(NotFoundError):
-            await self._js.delete_consumer(self.stream, self.durable)
+            # a refused permission fails at once, naming the subject (not a timeout)
+            await guarded(
+                self._nc,
+                functools.partial(self._js.delete_consumer, self.stream, self.durable),
+                subjects=(f"{api_prefix}.DELETE.{self.stream}.{self.durable}",),
+            )
         config = api.ConsumerConfig(
             durable_name=self.durable,
             name=self.durable,
@@ -187,7 +196,11 @@ class InputConsumer:
             max_waiting=16,
             replay_policy=api.ReplayPolicy.INSTANT,
         )
-        await self._js.add_consumer(self.stream, config=config)
+        await guarded(
+            self._nc,
+            functools.partial(self._js.add_consumer, self.stream, config=config),
+            subjects=(f"{api_prefix}.CREATE.{self.stream}.{self.durable}",),
+        )
         self._buffer.clear()
         self._owed = 0
         self._inbox = self._nc.new_inbox()

@@ -45,6 +45,7 @@ from reconciler.bus.streams import (
     StreamSetupError,
     ensure_streams,
 )
+from reconciler.bus.violations import PermissionViolation
 from reconciler.incus.endpoints import IncusEndpoint
 from reconciler.replica.caches import Caches
 from reconciler.replica.leader import LeaderElection, Leadership
@@ -207,7 +208,10 @@ class Replica:
             durable=f"{self.names.in_stream}-{cfg.replica}",
             batch=cfg.batch,
         )
-        await consumer.start(from_seq=state.applied_seq + 1)
+        try:
+            await consumer.start(from_seq=state.applied_seq + 1)
+        except PermissionViolation as exc:
+            raise StartupError(f"cannot start the input consumer: {exc}") from None
         caches = Caches(
             store=store, state=state, consumer=consumer, decoder=Decoder(), prefix=cfg.prefix
         )
