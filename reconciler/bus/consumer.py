@@ -195,6 +195,10 @@ class InputConsumer:
             max_ack_pending=max(ACK_PENDING_BATCHES * self.batch, 1000),
             max_waiting=16,
             replay_policy=api.ReplayPolicy.INSTANT,
+            # recreated at every start from the store's position: its own state needs no
+            # replicas nor disk, and one replica is quicker to move off a dead node
+            num_replicas=1,
+            mem_storage=True,
         )
         await guarded(
             self._nc,
