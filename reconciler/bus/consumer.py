@@ -6,7 +6,9 @@ Rules:
   :meth:`InputConsumer.start` therefore (re)creates the durable consumer to deliver from
   a given stream sequence (``applied + 1``): a restart never waits for ``ack_wait`` to
   expire on what a dead process held, and a lost or restored database is caught up from
-  exactly where it stands.
+  exactly where it stands. Since nothing of the consumer's own state is kept, it has
+  one replica, in memory, even on an R3 stream: after a node dies it is recreated on a
+  live one in seconds, where an R3 consumer first waits for its own leader election.
 - Deliveries come in stream order without gaps. A gap (a message lost between server and
   client, a redelivery overtaking) is never folded over: :meth:`InputConsumer.fetch`
   drops the batch from the gap on and restarts the consumer at the missing sequence.
