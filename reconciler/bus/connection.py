@@ -126,6 +126,7 @@ async def connect(opts: ConnectOptions) -> Client:
     watch = watch_of(nc)
     #: why the first connection can never succeed (TLS or credentials refused)
     refusals: list[str] = []
+    first_done = anyio.Event()  # later errors are a reconnection's: logged, retried
     refused = anyio.Event()
 
     async def on_disconnected() -> None:
@@ -137,7 +138,7 @@ async def connect(opts: ConnectOptions) -> Client:
         log.info("nats.reconnected", server=_server(nc))
 
     async def on_error(exc: Exception) -> None:
-        if not nc.is_connected and not nc.stats["reconnects"] and not refused.is_set():
+        if not first_done.is_set() and not refused.is_set():
             why = _refusal(exc)
             if why is not None:
                 refusals.append(why)
@@ -179,12 +180,16 @@ async def connect(opts: ConnectOptions) -> Client:
             else None
         ),
     )
+    failed: list[Exception] = []
     try:
         with anyio.fail_after(opts.initial_timeout_s or math.inf):
             async with anyio.create_task_group() as tg:
 
                 async def first_connect() -> None:
-                    await attempt
+                    try:
+                        await attempt
+                    except Exception as exc:  # raised below as itself, not in a group
+                        failed.append(exc)
                     tg.cancel_scope.cancel()
 
                 async def until_refused() -> None:
@@ -199,10 +204,13 @@ async def connect(opts: ConnectOptions) -> Client:
         raise TimeoutError(
             f"no NATS server reachable at {', '.join(opts.urls)} within {opts.initial_timeout_s} s"
         ) from None
+    if failed:
+        raise failed[0]
     if refusals:
         with anyio.CancelScope(shield=True):
             await nc.close()
         raise ConnectRefused(f"cannot connect to NATS at {', '.join(opts.urls)}: {refusals[0]}")
+    first_done.set()
     log.info("nats.connected", server=_server(nc))
     return nc
 
