@@ -106,7 +106,6 @@ async def test_a_publish_waits_for_its_stream_and_keeps_its_msg_id(nc: Client) -
     assert (await js.stream_info(names.in_stream)).state.messages == 1
 
 
-
 def test_make_credentials_keeps_keys_private_and_is_idempotent(tmp_path: Path) -> None:
     from cryptography import x509
 
