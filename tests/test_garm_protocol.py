@@ -234,7 +234,9 @@ async def test_bad_calls_exit_1_with_a_clear_message(garm: Garm) -> None:
     assert bad_specs.code == 1 and "GARM_POOL_EXTRASPECS" in bad_specs.stderr.decode()
 
 
-def test_the_example_config_file_is_valid() -> None:
-    example = Path(__file__).parent.parent / "compose" / "garm-provider.toml"
-    config = load_config(str(example))
-    assert config.pool_of("small") == "ci-small" and "host-01" in config.hosts
+def test_the_example_config_files_are_valid() -> None:
+    root = Path(__file__).parent.parent
+    example = load_config(str(root / "docs" / "garm-provider.example.toml"))
+    assert example.pool_of("small") == "ci-small" and "host-01" in example.hosts
+    deployed = load_config(str(root / "compose" / "garm-provider.toml"))
+    assert deployed.pool_of("small") == "ci-small" and "incus-1" in deployed.hosts

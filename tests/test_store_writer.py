@@ -122,6 +122,25 @@ async def test_a_dead_writer_is_a_store_error_every_time_after(tmp_path: Path) -
         assert await store.applied_seq() == 0  # reads still work; nothing was written
 
 
+async def test_a_cancelled_caller_leaves_the_writer_in_step(tmp_path: Path) -> None:
+    """A leader stepping down cancels its outbox mark mid-exchange; the caches' next
+    commit must still go through (it used to fail: "a request was interrupted")."""
+    state = State()
+    fx = fold_batch(state, MESSAGES[:10])
+    async with await Store.open(tmp_path / "rc.db", writer_process=True) as store:
+        assert await store.commit(state, fx, applied_seq=10)
+        for seq in range(1, 6):
+            marking = asyncio.ensure_future(store.mark_published_through(seq))
+            await asyncio.sleep(0)  # the request is on the pipe, its reply not read
+            marking.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await marking
+        fx = fold_batch(state, MESSAGES[10:20])
+        assert await store.commit(state, fx, applied_seq=20)
+        assert await store.applied_seq() == 20
+        assert await store.published_seq() == 5  # the cancelled marks completed
+
+
 async def test_a_failed_transaction_is_replied_and_the_writer_goes_on(tmp_path: Path) -> None:
     db = tmp_path / "rc.db"
     state = State()

@@ -51,7 +51,9 @@ import structlog
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from reconciler.bus.sending import PayloadTooLarge, publish
 from reconciler.bus.streams import StreamNames
+from reconciler.bus.violations import PermissionViolation
 from reconciler.core.model import Resources
 from reconciler.incus.client import IncusHost
 from reconciler.incus.errors import EventStreamLost, IncusError
@@ -254,12 +256,14 @@ class HostBridge:
             return
         body = orjson.dumps({"v": 1, "host": self.host, "event": event})
         digest = hashlib.sha256(body).hexdigest()[:32]
-        headers = {"Nats-Msg-Id": f"lifecycle:{digest}"}
+        msg_id = f"lifecycle:{digest}"
         delay = self.backoff_s
         while True:  # until stored: the same id makes a retry after a lost ack harmless
             try:
-                await self.js.publish(self.subject("lifecycle"), body, headers=headers)
+                await publish(self.js, self.subject("lifecycle"), body, msg_id=msg_id)
                 break
+            except (PermissionViolation, PayloadTooLarge):
+                raise  # a deployment or input fault: retrying cannot fix it
             except Exception as exc:  # NATS down, slow or restarting
                 self.publish_retries += 1
                 self._log.warning(
@@ -307,7 +311,7 @@ class HostBridge:
         if not force and content == self._last_snapshot:
             return
         payload = {**content, "revision": self._revisions.next("snapshot")}
-        await self.js.publish(self.subject("snapshot"), orjson.dumps(payload))
+        await publish(self.js, self.subject("snapshot"), orjson.dumps(payload))
         self._last_snapshot = content
         self.published["snapshot"] += 1
         self._log.info("bridge.snapshot", revision=payload["revision"], uid=uid)
@@ -323,7 +327,7 @@ class HostBridge:
             "revision": self._revisions.next("inventory"),
             "instances": [view.as_inventory() for view in instances],
         }
-        await self.js.publish(self.subject("inventory"), orjson.dumps(payload))
+        await publish(self.js, self.subject("inventory"), orjson.dumps(payload))
         self.published["inventory"] += 1
         self._log.info("bridge.inventory", revision=payload["revision"], instances=len(instances))
 

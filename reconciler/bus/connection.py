@@ -5,8 +5,12 @@ Rules:
 - A connection reconnects forever (``max_reconnect_attempts=-1``), waiting
   ``reconnect_wait_s`` between attempts to the same server. The *initial* connect retries
   the same way, so a daemon started before its NATS server waits for it; pass
-  ``initial_timeout_s`` to give up instead (``TimeoutError``); such a one-shot
-  connection logs its connect and close at debug only.
+  ``initial_timeout_s`` to give up instead (``TimeoutError``). A first connection that
+  can never succeed (the server's certificate not trusted or not for that host name,
+  our client certificate refused, our credentials refused) raises
+  :class:`ConnectRefused` at once, saying which; later reconnections keep trying
+  (credentials may be rotated meanwhile). A one-shot connection (with
+  ``initial_timeout_s``) logs its connect and close at debug only.
 - Disconnects, reconnects, errors and the final close are logged through structlog; the
   client never prints.
 - ``tls_ca_file`` makes a TLS context that verifies the server against that CA; without
@@ -15,12 +19,16 @@ Rules:
 - ``nkey_seed_file`` authenticates with an NKey seed file (the seed is read by nats-py,
   never held by us); ``inbox_prefix`` scopes every reply subject (requests, publish acks,
   pull deliveries) so that a least-privilege user subscribes to ``<prefix>.>`` only.
+- A permissions violation the server reports is logged as an error naming the subject,
+  and fed to the connection's :class:`~reconciler.bus.violations.ViolationWatch`, so a
+  call it refused fails at once instead of timing out.
 - Secrets (password, seed, key) are never logged nor put into an error message.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 import ssl
 from dataclasses import dataclass
@@ -30,7 +38,9 @@ import anyio
 import structlog
 from nats.aio.client import Client
 
-__all__ = ["DEFAULT_NATS_URL", "ConnectOptions", "connect", "parse_urls"]
+from reconciler.bus.violations import watch_of
+
+__all__ = ["DEFAULT_NATS_URL", "ConnectOptions", "ConnectRefused", "connect", "parse_urls"]
 
 logger = structlog.get_logger(__name__)
 
@@ -114,6 +124,11 @@ async def connect(opts: ConnectOptions) -> Client:
         )
     log = logger.bind(connection=opts.name)
     nc = Client()
+    watch = watch_of(nc)
+    #: why the first connection can never succeed (TLS or credentials refused)
+    refusals: list[str] = []
+    first_done = anyio.Event()  # later errors are a reconnection's: logged, retried
+    refused = anyio.Event()
 
     async def on_disconnected() -> None:
         if nc.is_closed:  # our own close(): on_closed says so
@@ -124,6 +139,16 @@ async def connect(opts: ConnectOptions) -> Client:
         log.info("nats.reconnected", server=_server(nc))
 
     async def on_error(exc: Exception) -> None:
+        if not first_done.is_set() and not refused.is_set():
+            why = _refusal(exc)
+            if why is not None:
+                refusals.append(why)
+                refused.set()
+                return
+        violation = watch.record(exc)
+        if violation is not None:
+            log.error("nats.permission_violation", error=str(violation))
+            return
         log.warning("nats.error", error=str(exc) or type(exc).__name__, type=type(exc).__name__)
 
     # a one-shot connection (an operator's command) says nothing about its own open and
@@ -160,21 +185,67 @@ async def connect(opts: ConnectOptions) -> Client:
             else None
         ),
     )
-    if opts.initial_timeout_s is None:
-        await attempt
-    else:
-        try:
-            with anyio.fail_after(opts.initial_timeout_s):
-                await attempt
-        except TimeoutError:
-            with anyio.CancelScope(shield=True):
-                await nc.close()
-            raise TimeoutError(
-                f"no NATS server reachable at {', '.join(opts.urls)} "
-                f"within {opts.initial_timeout_s} s"
-            ) from None
+    failed: list[Exception] = []
+    try:
+        with anyio.fail_after(opts.initial_timeout_s or math.inf):
+            async with anyio.create_task_group() as tg:
+
+                async def first_connect() -> None:
+                    try:
+                        await attempt
+                    except Exception as exc:  # raised below as itself, not in a group
+                        failed.append(exc)
+                    tg.cancel_scope.cancel()
+
+                async def until_refused() -> None:
+                    await refused.wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(first_connect)
+                tg.start_soon(until_refused)
+    except TimeoutError:
+        with anyio.CancelScope(shield=True):
+            await nc.close()
+        raise TimeoutError(
+            f"no NATS server reachable at {', '.join(opts.urls)} within {opts.initial_timeout_s} s"
+        ) from None
+    if failed:
+        raise failed[0]
+    if refusals:
+        with anyio.CancelScope(shield=True):
+            await nc.close()
+        raise ConnectRefused(f"cannot connect to NATS at {', '.join(opts.urls)}: {refusals[0]}")
+    first_done.set()
     routine("nats.connected", server=_server(nc))
     return nc
+
+
+class ConnectRefused(ConnectionError):
+    """The first connection was refused for a reason that retrying cannot cure: the
+    server's certificate, our client certificate, or our credentials."""
+
+
+def _refusal(exc: BaseException) -> str | None:
+    """What an error of a first connection attempt means, when it is final."""
+    text = str(exc)
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (
+            f"the server's TLS certificate is not trusted ({exc.verify_message}): check "
+            "--tls-ca, and that the URL's host name is one the certificate names"
+        )
+    if isinstance(exc, ssl.SSLError) and (
+        "BAD_CERTIFICATE" in text or "CERTIFICATE_REQUIRED" in text or "UNKNOWN_CA" in text
+    ):
+        return (
+            "the server refused our TLS client certificate (none given, or not signed by "
+            "a CA it trusts): check --tls-cert and --tls-key"
+        )
+    if "authorization violation" in text.lower():
+        return (
+            "the server refused our credentials (Authorization Violation): check "
+            "--nats-user/--nats-password(-file), --nats-nkey or --nats-creds"
+        )
+    return None
 
 
 def _server(nc: Client) -> str | None:

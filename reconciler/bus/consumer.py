@@ -6,7 +6,9 @@ Rules:
   :meth:`InputConsumer.start` therefore (re)creates the durable consumer to deliver from
   a given stream sequence (``applied + 1``): a restart never waits for ``ack_wait`` to
   expire on what a dead process held, and a lost or restored database is caught up from
-  exactly where it stands.
+  exactly where it stands. Since nothing of the consumer's own state is kept, it has
+  one replica, in memory, even on an R3 stream: after a node dies it is recreated on a
+  live one in seconds, where an R3 consumer first waits for its own leader election.
 - Deliveries come in stream order without gaps. A gap (a message lost between server and
   client, a redelivery overtaking) is never folded over: :meth:`InputConsumer.fetch`
   drops the batch from the gap on and restarts the consumer at the missing sequence.
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +57,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
+
+from reconciler.bus.violations import guarded
 
 __all__ = [
     "Delivery",
@@ -173,8 +178,14 @@ class InputConsumer:
         if from_seq < 1:
             raise ValueError(f"from_seq must be >= 1, got {from_seq}")
         await self._unbind()
+        api_prefix = f"{api.DEFAULT_PREFIX}.CONSUMER"
         with contextlib.suppress(NotFoundError):
-            await self._js.delete_consumer(self.stream, self.durable)
+            # a refused permission fails at once, naming the subject (not a timeout)
+            await guarded(
+                self._nc,
+                functools.partial(self._js.delete_consumer, self.stream, self.durable),
+                subjects=(f"{api_prefix}.DELETE.{self.stream}.{self.durable}",),
+            )
         config = api.ConsumerConfig(
             durable_name=self.durable,
             name=self.durable,
@@ -186,8 +197,16 @@ class InputConsumer:
             max_ack_pending=max(ACK_PENDING_BATCHES * self.batch, 1000),
             max_waiting=16,
             replay_policy=api.ReplayPolicy.INSTANT,
+            # recreated at every start from the store's position: its own state needs no
+            # replicas nor disk, and one replica is quicker to move off a dead node
+            num_replicas=1,
+            mem_storage=True,
         )
-        await self._js.add_consumer(self.stream, config=config)
+        await guarded(
+            self._nc,
+            functools.partial(self._js.add_consumer, self.stream, config=config),
+            subjects=(f"{api_prefix}.CREATE.{self.stream}.{self.durable}",),
+        )
         self._buffer.clear()
         self._owed = 0
         self._inbox = self._nc.new_inbox()

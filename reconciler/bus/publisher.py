@@ -66,7 +66,9 @@ class Ack:
 class Round:
     """The confirmations one batch of publishes waits for (see :meth:`OutputPublisher.send`)."""
 
-    __slots__ = ("acks", "count", "deadline", "done", "error", "on_settled", "tokens", "waiting")
+    __slots__ = (
+        "acks", "count", "deadline", "done", "error", "on_settled", "sent_on", "tokens", "waiting"
+    )  # fmt: skip
 
     def __init__(
         self, count: int, *, deadline: float, on_settled: Callable[[], None] | None = None
@@ -80,6 +82,8 @@ class Round:
         self.done = anyio.Event()
         self.on_settled = on_settled
         self.tokens: list[str] = []
+        #: the connection's reconnect count when the round was sent
+        self.sent_on = 0
         if count == 0:
             self.done.set()
 
@@ -149,6 +153,7 @@ class OutputPublisher:
         )
         if not outputs:
             return round_
+        round_.sent_on = self.nc.stats["reconnects"]
         try:
             if self._sub is None:
                 self._inbox = self.nc.new_inbox()
@@ -168,6 +173,14 @@ class OutputPublisher:
             self.forget(round_)
             raise PublishError(f"publishing {len(outputs)} outputs failed: {exc!r}") from exc
         return round_
+
+    def lost(self, round_: Round) -> str | None:
+        """Why a round's missing confirmations will never come: the connection was
+        re-established since it was sent (answers to the old connection are lost, and a
+        node that died took its publishes with it), if it was."""
+        if round_.waiting and self.nc.stats["reconnects"] != round_.sent_on:
+            return f"{round_.waiting} of {round_.count} outputs unconfirmed across a reconnect"
+        return None
 
     def forget(self, round_: Round) -> None:
         """Stop collecting a round's confirmations (done with it, or given up on)."""

@@ -10,11 +10,22 @@ Rules:
   operator set is kept), and each change is logged. Settings the server cannot change
   (storage, retention, or cancelling ``deny_delete``) are logged as errors and left as
   they are, so a replica still starts on an operator's deliberate choice.
+- ``replicas`` (``--stream-replicas``) is the streams' and the bucket's replica count
+  when they are created. On existing ones it is only compared (a warning when it
+  differs) unless ``manage_replicas`` (``reconciler provision``, an admin's job) asks
+  for it to be updated: a replica started with the default must never shrink an R3
+  stream.
+- Streams are looked up before anything is created, so a component whose user has no
+  stream-create permission runs when the streams exist. When one is missing and the
+  server refuses to create it (or refuses the look-up), :class:`StreamSetupError` says
+  at once which permission on which subject is missing, instead of a timeout. An
+  update the server refuses is logged as an error and the stream is used as it is.
 - Only nats-server 2.9 features are used.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from enum import Enum
@@ -24,12 +35,15 @@ import structlog
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 
+from reconciler.bus.violations import PermissionViolation, guarded
+
 __all__ = [
     "DEFAULT_DUPLICATE_WINDOW_S",
     "DEFAULT_LEADER_TTL_S",
     "DEFAULT_MAX_AGE_S",
     "LEADER_KEY",
     "StreamNames",
+    "StreamSetupError",
     "ensure_streams",
 ]
 
@@ -43,6 +57,28 @@ LEADER_KEY = "leader"
 _PREFIX = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _STREAM_NAME_IN_USE = 10058  # "stream name already in use with a different configuration"
 _KV_DUPLICATE_WINDOW_MAX_S = 120.0  # what nats-py gives a KV bucket's stream
+
+
+class StreamSetupError(RuntimeError):
+    """A stream or the leader bucket cannot be looked up or created by this user."""
+
+
+def _is_api(violation: PermissionViolation) -> bool:
+    return violation.subject.upper().startswith("$JS.API.")
+
+
+async def _api(js: JetStreamContext, call: Any, *, what: str, subject: str) -> Any:
+    """A JetStream API call (on the API ``subject``) whose permission violation becomes a
+    :class:`StreamSetupError`."""
+    try:
+        # nats-py keeps the context's client in _nc
+        return await guarded(js._nc, call, match=_is_api, subjects=(subject,))
+    except PermissionViolation as exc:
+        raise StreamSetupError(
+            f"{what}: the NATS server refused this user {exc.operation} permission on "
+            f"{exc.subject!r}. Grant it, or have an admin create the streams, consumers "
+            f"and leader bucket first with `reconciler provision` (docs/operations.md)"
+        ) from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +119,8 @@ async def ensure_streams(
     max_age_s: float = DEFAULT_MAX_AGE_S,
     duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S,
     leader_ttl_s: float = DEFAULT_LEADER_TTL_S,
+    replicas: int = 1,
+    manage_replicas: bool = False,
 ) -> None:
     """Create or reconcile the IN and OUT streams and the leader bucket of ``names``.
 
@@ -93,7 +131,10 @@ async def ensure_streams(
         raise ValueError("duplicate_window_s and leader_ttl_s must be > 0, max_age_s >= 0")
     if max_age_s and duplicate_window_s > max_age_s:
         raise ValueError(f"duplicate_window_s {duplicate_window_s} exceeds max_age_s {max_age_s}")
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
     storage = {"storage": api.StorageType.FILE, "retention": api.RetentionPolicy.LIMITS}
+    wanted_replicas = {"num_replicas": replicas}
     await _ensure_stream(
         js,
         name=names.in_stream,
@@ -104,6 +145,8 @@ async def ensure_streams(
             "deny_delete": True,
         },
         immutable=storage,
+        replicas=wanted_replicas,
+        manage_replicas=manage_replicas,
     )
     await _ensure_stream(
         js,
@@ -114,8 +157,12 @@ async def ensure_streams(
             "duplicate_window": float(duplicate_window_s),
         },
         immutable=storage,
+        replicas=wanted_replicas,
+        manage_replicas=manage_replicas,
     )
-    await _ensure_leader_bucket(js, names, ttl_s=float(leader_ttl_s))
+    await _ensure_leader_bucket(
+        js, names, ttl_s=float(leader_ttl_s), replicas=replicas, manage_replicas=manage_replicas
+    )
 
 
 async def _ensure_stream(
@@ -124,21 +171,37 @@ async def _ensure_stream(
     name: str,
     wanted: dict[str, Any],
     immutable: dict[str, Any],
+    replicas: dict[str, Any],
+    manage_replicas: bool,
 ) -> None:
     log = logger.bind(stream=name)
     for _ in range(3):
         try:
-            info = await js.stream_info(name)
+            info = await _api(
+                js,
+                lambda: js.stream_info(name),
+                what=f"cannot look up stream {name}",
+                subject=f"$JS.API.STREAM.INFO.{name}",
+            )
         except NotFoundError:
-            config = api.StreamConfig(name=name, **immutable, **wanted)
+            config = api.StreamConfig(name=name, **immutable, **wanted, **replicas)
             try:
-                await js.add_stream(config)
+                await _api(
+                    js,
+                    functools.partial(js.add_stream, config),
+                    what=f"stream {name} does not exist and cannot be created",
+                    subject=f"$JS.API.STREAM.CREATE.{name}",
+                )
             except BadRequestError as exc:
                 if exc.err_code != _STREAM_NAME_IN_USE:
                     raise
                 continue  # another replica created it meanwhile: reconcile theirs
-            log.info("stream.created", **_loggable(wanted), **_loggable(immutable))
+            log.info("stream.created", **_loggable(wanted), **_loggable(immutable), **replicas)
             return
+        if manage_replicas:
+            wanted = {**wanted, **replicas}
+        else:
+            _compare_replicas(info.config, replicas["num_replicas"], log)
         await _reconcile(js, info.config, wanted=wanted, immutable=immutable, log=log)
         return
     raise RuntimeError(f"stream {name} kept changing while it was being created")
@@ -172,8 +235,28 @@ async def _reconcile(
     if not changes:
         return
     before = {field: getattr(current, field) for field in changes}
-    await js.update_stream(current.evolve(**changes))
+    try:
+        await _api(
+            js,
+            lambda: js.update_stream(current.evolve(**changes)),
+            what=f"cannot update stream {current.name}",
+            subject=f"$JS.API.STREAM.UPDATE.{current.name}",
+        )
+    except StreamSetupError as exc:
+        # an operator's stream, and a user without update rights: use it as it is
+        log.error("stream.update_refused", error=str(exc), wanted=_loggable(changes))
+        return
     log.warning("stream.updated", before=_loggable(before), after=_loggable(changes))
+
+
+def _compare_replicas(current: api.StreamConfig, wanted: int, log: Any) -> None:
+    if (current.num_replicas or 1) != wanted:
+        log.warning(
+            "stream.replicas_differ",
+            current=current.num_replicas or 1,
+            wanted=wanted,
+            hint="reconciler provision --stream-replicas changes it",
+        )
 
 
 def _differs(field: str, current: Any, wanted: Any) -> bool:
@@ -184,35 +267,53 @@ def _differs(field: str, current: Any, wanted: Any) -> bool:
     return bool(current != wanted)
 
 
-async def _ensure_leader_bucket(js: JetStreamContext, names: StreamNames, *, ttl_s: float) -> None:
+async def _ensure_leader_bucket(
+    js: JetStreamContext,
+    names: StreamNames,
+    *,
+    ttl_s: float,
+    replicas: int,
+    manage_replicas: bool,
+) -> None:
     # nats-py derives the bucket stream's duplicate window from its TTL; mirror that rule.
     duplicate_window = min(ttl_s, _KV_DUPLICATE_WINDOW_MAX_S)
+    stream = names.leader_stream
+    log = logger.bind(stream=stream, bucket=names.leader_bucket)
     for _ in range(3):
         try:
-            info = await js.stream_info(names.leader_stream)
+            info = await _api(
+                js,
+                lambda: js.stream_info(stream),
+                what=f"cannot look up bucket {stream}",
+                subject=f"$JS.API.STREAM.INFO.{stream}",
+            )
         except NotFoundError:
+            bucket = api.KeyValueConfig(
+                bucket=names.leader_bucket,
+                history=1,
+                ttl=ttl_s,
+                storage=api.StorageType.FILE,
+                replicas=replicas,
+            )
             try:
-                await js.create_key_value(
-                    api.KeyValueConfig(
-                        bucket=names.leader_bucket,
-                        history=1,
-                        ttl=ttl_s,
-                        storage=api.StorageType.FILE,
-                    )
+                await _api(
+                    js,
+                    functools.partial(js.create_key_value, bucket),
+                    what=f"bucket {names.leader_bucket} does not exist and cannot be created",
+                    subject=f"$JS.API.STREAM.CREATE.{stream}",
                 )
             except BadRequestError as exc:
                 if exc.err_code != _STREAM_NAME_IN_USE:
                     raise
                 continue
-            logger.info("bucket.created", bucket=names.leader_bucket, ttl_s=ttl_s)
+            log.info("bucket.created", ttl_s=ttl_s, num_replicas=replicas)
             return
-        await _reconcile(
-            js,
-            info.config,
-            wanted={"max_age": ttl_s, "duplicate_window": duplicate_window},
-            immutable={},
-            log=logger.bind(stream=names.leader_stream, bucket=names.leader_bucket),
-        )
+        wanted: dict[str, Any] = {"max_age": ttl_s, "duplicate_window": duplicate_window}
+        if manage_replicas:
+            wanted["num_replicas"] = replicas
+        else:
+            _compare_replicas(info.config, replicas, log)
+        await _reconcile(js, info.config, wanted=wanted, immutable={}, log=log)
         return
     raise RuntimeError(f"bucket {names.leader_bucket} kept changing while it was being created")
 

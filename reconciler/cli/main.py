@@ -43,6 +43,7 @@ class _Commands(click.Group):
         "cmd": ("reconciler.cli.send_cmd", "send_cmd"),
         "executor": ("reconciler.cli.executor_cmd", "executor"),
         "garm-provider": ("reconciler.cli.garm_cmd", "garm_provider"),
+        "provision": ("reconciler.cli.provision", "provision"),
         "query": ("reconciler.cli.query_cmd", "query_cmd"),
         "sim-incus": ("reconciler.cli.sim_incus", "sim_incus"),
     }
@@ -98,6 +99,16 @@ def cli() -> None:
     help="Input messages fetched and committed per batch at most.",
 )
 @click.option(
+    "--stream-replicas",
+    envvar="RC_STREAM_REPLICAS",
+    show_envvar=True,
+    type=click.IntRange(min=1, max=5),
+    default=1,
+    show_default=True,
+    help="Replicas of the streams and the leader bucket when this replica creates them "
+    "(3 on a 3-node NATS cluster); existing ones are left as they are.",
+)
+@click.option(
     "--store-writer",
     envvar="RC_STORE_WRITER",
     show_envvar=True,
@@ -130,6 +141,7 @@ def run(**kwargs: Any) -> None:
             workers=kwargs["workers"],
             batch=kwargs["batch"],
             store_writer=kwargs["store_writer"],
+            stream_replicas=kwargs["stream_replicas"],
             status_debounce_s=kwargs["status_debounce"],
             status_progress_interval_s=kwargs["status_progress_interval"],
             live_get_timeout_s=kwargs["live_get_timeout"],

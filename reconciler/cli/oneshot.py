@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import click
 from nats.aio.client import Client
 
-from reconciler.bus.connection import ConnectOptions, connect
+from reconciler.bus.connection import ConnectOptions, ConnectRefused, connect
 from reconciler.bus.schemas import SchemaLoadError, input_schema_path, load
 from reconciler.cli.logs import LOG_FORMATS, LOG_LEVELS
 from reconciler.core.inputs import DomainError, from_payload
@@ -92,6 +92,8 @@ async def connect_once(nats: ConnectOptions, timeout_s: float) -> Client:
             f"{exc} (--connect-timeout {timeout_s:g}); is nats-server running, and is "
             "--nats-url (RC_NATS_URL) right?"
         ) from None
+    except ConnectRefused as exc:  # already says which server and why
+        raise click.ClickException(str(exc)) from None
     except (OSError, ValueError, RuntimeError) as exc:
         raise click.ClickException(f"cannot connect to NATS: {exc}") from None
 

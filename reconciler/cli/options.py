@@ -33,6 +33,7 @@ __all__ = [
     "load_endpoints",
     "log_options",
     "parse_verify",
+    "read_secret",
     "run_options",
 ]
 
@@ -95,7 +96,16 @@ def bus_options(f: F) -> F:
                 help="NATS credentials file (JWT + NKey).",
             ),
             _option("nats-user", help="NATS user name."),
-            _option("nats-password", help="NATS password (needs --nats-user)."),
+            _option(
+                "nats-password",
+                help="NATS password (needs --nats-user). Visible in ps on the command line: "
+                "prefer RC_NATS_PASSWORD or --nats-password-file.",
+            ),
+            _option(
+                "nats-password-file",
+                type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                help="File holding the NATS password (one line; e.g. a systemd credential).",
+            ),
             _option(
                 "tls-ca",
                 type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -226,12 +236,18 @@ def common_from(kwargs: dict[str, Any], *, name: str) -> Common:
         value = kwargs.pop(key)
         return str(value) if value else None
 
+    password = kwargs.pop("nats_password")
+    password_file = kwargs.pop("nats_password_file")
+    if password_file is not None:
+        if password is not None:
+            raise click.UsageError("give --nats-password or --nats-password-file, not both")
+        password = read_secret(password_file, option="--nats-password-file")
     try:
         nats = ConnectOptions(
             urls=parse_urls(kwargs.pop("nats_url")),
             creds_file=path("nats_creds"),
             user=kwargs.pop("nats_user"),
-            password=kwargs.pop("nats_password"),
+            password=password,
             tls_ca_file=path("tls_ca"),
             tls_cert_file=path("tls_cert"),
             tls_key_file=path("tls_key"),
@@ -242,6 +258,22 @@ def common_from(kwargs: dict[str, Any], *, name: str) -> Common:
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     return Common(nats=nats, prefix=kwargs.pop("prefix"))
+
+
+def read_secret(path: Path, *, option: str) -> str:
+    """A secret from a file: its first line, without the line end. Errors name the file,
+    never its content."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(
+            f"cannot read {path}: {getattr(exc, 'strerror', None) or type(exc).__name__}",
+            param_hint=option,
+        ) from None
+    secret = text.splitlines()[0] if text else ""
+    if not secret:
+        raise click.BadParameter(f"{path} is empty", param_hint=option)
+    return secret
 
 
 def parse_verify(value: str) -> bool | str:

@@ -30,7 +30,7 @@ from typing import Final, Self
 
 import aiosqlite
 
-from reconciler.store.database import Database
+from reconciler.store.database import Database, create_private
 from reconciler.store.errors import StoreError
 
 __all__ = ["DONE_OUTCOMES", "OUTCOMES", "ExecutorStore", "FinishedCommand"]
@@ -120,6 +120,7 @@ class ExecutorStore(Database):
     async def open(cls, path: str | Path, *, clock: Callable[[], float] = time.time) -> Self:
         """Open (creating if needed) the database at ``path``."""
         path = Path(path)
+        create_private(path)
         try:
             conn = await aiosqlite.connect(path, isolation_level=None)
         except sqlite3.Error as exc:

@@ -12,8 +12,9 @@ Rules (DESIGN.md, principle 3):
   order. A batch is sent without waiting for the confirmations of the batches before
   it (up to :data:`MAX_IN_FLIGHT` rounds), so a decision's latency does not include
   the stream's answers to earlier ones. A failure (an error answer, a confirmation
-  later than ``publish_timeout_s``) abandons every round in flight and sends them all
-  again with a backoff that doubles up to ``max_backoff_s``; if the queue outgrows
+  later than ``publish_timeout_s``, a reconnect of the connection since it was sent)
+  abandons every round in flight and sends them all again with a backoff that
+  doubles up to ``max_backoff_s``; if the queue outgrows
   ``max_queued`` batches it is dropped and the store, which has everything, is
   drained instead.
 - What is published is recorded in the leader's :class:`Leadership` at once (the leader
@@ -174,7 +175,7 @@ class OutboxPublisher:
             now = anyio.current_time()
             while self._rounds:
                 round_, covered = self._rounds[0]
-                problem = round_.problem(now)
+                problem = round_.problem(now) or self._out.lost(round_)
                 if problem is not None:
                     raise PublishError(problem)
                 if not round_.confirmed:

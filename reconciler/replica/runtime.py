@@ -35,15 +35,17 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from reconciler.bus.codec import Decoder
-from reconciler.bus.connection import ConnectOptions, connect
+from reconciler.bus.connection import ConnectOptions, ConnectRefused, connect
 from reconciler.bus.consumer import InputConsumer
 from reconciler.bus.streams import (
     DEFAULT_DUPLICATE_WINDOW_S,
     DEFAULT_LEADER_TTL_S,
     DEFAULT_MAX_AGE_S,
     StreamNames,
+    StreamSetupError,
     ensure_streams,
 )
+from reconciler.bus.violations import PermissionViolation
 from reconciler.incus.endpoints import IncusEndpoint
 from reconciler.replica.caches import Caches
 from reconciler.replica.leader import LeaderElection, Leadership
@@ -93,6 +95,8 @@ class RunConfig:
     leader_ttl_s: float = DEFAULT_LEADER_TTL_S
     max_age_s: float = DEFAULT_MAX_AGE_S
     duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S
+    #: replicas of the streams and the bucket when this replica creates them
+    stream_replicas: int = 1
     metrics_addr: str | None = None
     #: after loading the store, move every live object into the garbage collector's
     #: permanent generation (``gc.freeze``): full collections then never scan the loaded
@@ -105,8 +109,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", self.replica):
             raise ValueError(f"replica name must be 1-64 of [A-Za-z0-9_-], not {self.replica!r}")
-        if self.workers < 1 or self.batch < 1:
-            raise ValueError("workers and batch must be >= 1")
+        if self.workers < 1 or self.batch < 1 or self.stream_replicas < 1:
+            raise ValueError("workers, batch and stream_replicas must be >= 1")
         for name in (
             "status_debounce_s",
             "status_progress_interval_s",
@@ -148,18 +152,25 @@ class Replica:
 
     async def run(self, *, stop: anyio.Event) -> None:
         cfg = self.config
-        nc = await connect(replace(cfg.nats, name=f"reconciler-{cfg.replica}"))
+        try:
+            nc = await connect(replace(cfg.nats, name=f"reconciler-{cfg.replica}"))
+        except ConnectRefused as exc:
+            raise StartupError(str(exc)) from None
         self.nc = nc
         try:
             js = nc.jetstream()
             self.js = js
-            await ensure_streams(
-                js,
-                self.names,
-                max_age_s=cfg.max_age_s,
-                duplicate_window_s=cfg.duplicate_window_s,
-                leader_ttl_s=cfg.leader_ttl_s,
-            )
+            try:
+                await ensure_streams(
+                    js,
+                    self.names,
+                    max_age_s=cfg.max_age_s,
+                    duplicate_window_s=cfg.duplicate_window_s,
+                    leader_ttl_s=cfg.leader_ttl_s,
+                    replicas=cfg.stream_replicas,
+                )
+            except StreamSetupError as exc:
+                raise StartupError(str(exc)) from None
             writer_process = cfg.store_writer == "process"
             async with await Store.open(cfg.db, writer_process=writer_process) as store:
                 self.store = store
@@ -197,7 +208,10 @@ class Replica:
             durable=f"{self.names.in_stream}-{cfg.replica}",
             batch=cfg.batch,
         )
-        await consumer.start(from_seq=state.applied_seq + 1)
+        try:
+            await consumer.start(from_seq=state.applied_seq + 1)
+        except PermissionViolation as exc:
+            raise StartupError(f"cannot start the input consumer: {exc}") from None
         caches = Caches(
             store=store, state=state, consumer=consumer, decoder=Decoder(), prefix=cfg.prefix
         )

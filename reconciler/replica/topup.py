@@ -39,6 +39,7 @@ import orjson
 import structlog
 from nats.js import JetStreamContext
 
+from reconciler.bus.sending import publish
 from reconciler.core.model import PoolName, RequestId
 from reconciler.core.status import warm_deficit
 from reconciler.replica.caches import Caches, Commit
@@ -163,10 +164,11 @@ class WarmPoolReconciler:
                 "instance": warm_instance_name(pool, seq, index),
                 "kind": "warm",
             }
-            await self.js.publish(
+            await publish(
+                self.js,
                 f"{self.prefix}.in.cmd.admit",
                 orjson.dumps(payload),
-                headers={"Nats-Msg-Id": f"in:{request_id}"},
+                msg_id=f"in:{request_id}",
             )
             self.in_flight[request_id] = pool
             self.published += 1
@@ -193,10 +195,11 @@ class WarmPoolReconciler:
             if request_id in self.in_flight or request_id in state.decisions:
                 continue
             payload = {"v": 1, "request_id": request_id, "instance": lease.instance}
-            await self.js.publish(
+            await publish(
+                self.js,
                 f"{self.prefix}.in.cmd.release",
                 orjson.dumps(payload),
-                headers={"Nats-Msg-Id": f"in:{request_id}"},
+                msg_id=f"in:{request_id}",
             )
             self.in_flight[request_id] = pool
             logger.warning(

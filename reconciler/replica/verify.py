@@ -31,6 +31,7 @@ import orjson
 import structlog
 from nats.js import JetStreamContext
 
+from reconciler.bus.sending import publish
 from reconciler.core.model import LeaseId
 from reconciler.replica.caches import Caches, Commit
 from reconciler.work.queue import TemporaryError, WorkQueue, run_with_resync
@@ -152,10 +153,11 @@ class SuspectVerifier:
         if seen.status is not None:
             payload["status"] = seen.status
         msg_id = f"observation:{lease_id}:{checked}:{str(seen.present).lower()}"
-        await self.js.publish(
+        await publish(
+            self.js,
             f"{self.prefix}.in.host.{lease.host}.observation",
             orjson.dumps(payload),
-            headers={"Nats-Msg-Id": msg_id},
+            msg_id=msg_id,
         )
         self.published += 1
         logger.info(

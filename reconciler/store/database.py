@@ -8,6 +8,9 @@ Rules:
   and what was being done (``raise … from``).
 - :meth:`Database.close` is idempotent; using a closed database raises
   :class:`~reconciler.store.errors.StoreClosed`.
+- A database file is created ``0600`` (:func:`create_private`, before SQLite opens it;
+  SQLite gives its ``-wal`` and ``-shm`` files the same mode): leases, jobs and instance
+  names are nobody else's business on a shared host.
 - :meth:`Database.call` runs a whole synchronous function (a transaction) on the
   connection's own thread in one hop, instead of one hop per statement: under a busy
   event loop every hop waits its turn, and a 14-statement commit waited 14 times. It
@@ -19,6 +22,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -30,9 +34,21 @@ import aiosqlite
 
 from reconciler.store.errors import StoreClosed, StoreError
 
-__all__ = ["Database", "check_worker_api"]
+__all__ = ["Database", "check_worker_api", "create_private"]
 
 T = TypeVar("T")
+
+
+def create_private(path: Path) -> None:
+    """Create the database file ``path`` readable and writable by its owner only, unless
+    it exists (an existing file keeps the mode its operator gave it) or is ``:memory:``."""
+    if str(path) == ":memory:" or path.exists():
+        return
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except OSError:
+        return  # created meanwhile (theirs), or not creatable: SQLite's open says why
+    os.close(fd)
 
 
 def check_worker_api(conn: aiosqlite.Connection) -> None:

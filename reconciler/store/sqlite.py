@@ -44,7 +44,7 @@ from reconciler.core.model import (
 )
 from reconciler.core.state import DecisionRecord, Effects, Output, State
 from reconciler.store.codec import CodecError, decode, encode
-from reconciler.store.database import Database, check_worker_api
+from reconciler.store.database import Database, check_worker_api, create_private
 from reconciler.store.errors import StoreError
 from reconciler.store.migrations import LATEST, migrate
 from reconciler.store.migrations import schema_version as read_schema_version
@@ -268,6 +268,7 @@ class Store(Database):
         path = Path(path)
         if writer_process and str(path) == ":memory:":
             raise StoreError("a writer process needs a database file, not :memory:")
+        create_private(path)
         # autocommit mode: every transaction below is an explicit BEGIN … COMMIT
         connecting = aiosqlite.connect(path, isolation_level=None)
         try:

@@ -18,7 +18,10 @@ Rules:
   the parent must be able to commit the batch in hand on its way out). It stops when its
   input closes: the parent closed the store, or died, since the kernel closes a dead
   process's pipes. Either way the transaction in hand completes or rolls back whole.
-- Requests are served in order, one reply each: ``write`` (a batch, with the same
+- Requests are served in order, one reply each, and a request once sent always has its
+  reply read, even when its caller is cancelled (the exchange runs in a task of its
+  own): cancelling a caller never puts the pipe out of step.
+- The requests: ``write`` (a batch, with the same
   :func:`~reconciler.store.transactions.write_batch` the in-process writer runs) and
   ``mark`` (:func:`~reconciler.store.transactions.mark_published`). A ``sqlite3`` error
   is replied, the child goes on; the parent raises it as :class:`StoreError`.
@@ -92,6 +95,8 @@ class WriterProcess:
         self._proc = proc
         self.path = path
         self._lock = asyncio.Lock()
+        #: requests in progress, each in a task of its own (see :meth:`_call`)
+        self._exchanges: set[asyncio.Future[tuple[Any, ...]]] = set()
         #: why the writer can no longer be used, once it cannot
         self._broken: str | None = None
 
@@ -135,20 +140,37 @@ class WriterProcess:
         return int(await self._call(("mark", input_seq), "mark published"))
 
     async def _call(self, request: tuple[Any, ...], what: str) -> Any:
+        # The exchange runs in a task of its own, shielded from the caller's
+        # cancellation: a caller that gives up (a leader stepping down while it marks
+        # the outbox published) leaves the request to complete and its reply to be
+        # read, so the pipe stays in step and the next commit goes through. The
+        # request itself is harmless to complete: a commit is one transaction, and a
+        # mark only moves a position forward.
+        exchange = asyncio.ensure_future(self._exchange(request, what))
+        self._exchanges.add(exchange)
+        exchange.add_done_callback(self._exchange_done)
+        reply = await asyncio.shield(exchange)
+        if reply[0] == "error":
+            raise StoreError(f"store {self.path}: {what} failed: {reply[1]}")
+        return reply[1]
+
+    async def _exchange(self, request: tuple[Any, ...], what: str) -> tuple[Any, ...]:
         async with self._lock:
             if self._broken is not None:
                 raise StoreError(f"store {self.path}: {what}: {self._broken}")
             try:
                 self._send(request)
-                reply = await self._receive()
+                return await self._receive()
             except BaseException:
-                # a request without its reply (cancelled, or the child died): the pipe
-                # is out of step from here on
+                # a request without its reply (the child died, or the loop is shutting
+                # down): the pipe is out of step from here on
                 self._broken = self._broken or "a request was interrupted"
                 raise
-        if reply[0] == "error":
-            raise StoreError(f"store {self.path}: {what} failed: {reply[1]}")
-        return reply[1]
+
+    def _exchange_done(self, exchange: asyncio.Future[tuple[Any, ...]]) -> None:
+        self._exchanges.discard(exchange)
+        if not exchange.cancelled():
+            exchange.exception()  # retrieved: a caller that gave up does not read it
 
     def _send(self, message: tuple[Any, ...]) -> None:
         stdin = self._proc.stdin
@@ -172,6 +194,9 @@ class WriterProcess:
 
     async def close(self, timeout_s: float = 30.0) -> None:
         """Close its input and wait for it to finish (killed after ``timeout_s``)."""
+        if self._exchanges and timeout_s > 0:
+            # requests whose callers gave up: let their replies come in first
+            await asyncio.wait(set(self._exchanges), timeout=timeout_s)
         self._broken = self._broken or "the writer process is closed"
         stdin = self._proc.stdin
         if stdin is not None and not stdin.is_closing():

@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         _reply(replies, ("error", "usage: python -m reconciler.store.writer_child <db>"))
         return 2
     path = args[0]
-    with open(f"{path}.writer-lock", "a+b") as lock:
+    lock_fd = os.open(f"{path}.writer-lock", os.O_CREAT | os.O_RDWR | os.O_APPEND, 0o600)
+    with open(lock_fd, "a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a previous writer finishes first
         try:
             conn = _connect(path)

@@ -1,0 +1,127 @@
+"""``reconciler provision``: an admin's one-shot set-up of what the components use.
+
+Why: in a least-privilege deployment no component may create or change streams. An
+admin user runs this once (and again after changing a setting; it is idempotent):
+
+- the IN and OUT streams and the leader bucket, with ``--stream-replicas`` replicas
+  (an existing stream's replica count and limits are updated to what is asked);
+- one durable consumer per ``--executor-host`` on the OUT stream, as the executor would
+  create it (``executor-<host>``, filter ``<prefix>.out.exec.<host>.>``, delivering new
+  commands only), so that executors need no consumer-create permission, which could
+  otherwise set a push ``deliver_subject`` to any subject.
+
+Replicas' input consumers (``<PREFIX>_IN-<replica>``) are not made here: a replica
+recreates its own at every start, from the position its store has committed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import anyio
+import click
+from nats.js import api
+from nats.js.errors import NotFoundError
+
+from reconciler.bus.connection import connect
+from reconciler.bus.streams import StreamNames, StreamSetupError, ensure_streams
+from reconciler.bus.violations import PermissionViolation, guarded
+from reconciler.cli.options import Common, bus_options, common_from, log_options
+from reconciler.executor.executor import ExecutorConfig, consumer_name
+
+__all__ = ["provision"]
+
+_EXECUTOR_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ExecutorConfig)}
+
+
+@click.command()
+@bus_options
+@click.option(
+    "--stream-replicas",
+    envvar="RC_STREAM_REPLICAS",
+    show_envvar=True,
+    type=click.IntRange(min=1, max=5),
+    default=1,
+    show_default=True,
+    help="Replicas of the streams and the leader bucket (3 on a 3-node cluster).",
+)
+@click.option(
+    "--leader-ttl",
+    envvar="RC_LEADER_TTL",
+    show_envvar=True,
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Seconds the leader key lives without renewal (the replicas' --leader-ttl).",
+)
+@click.option(
+    "--executor-host",
+    "executor_hosts",
+    multiple=True,
+    metavar="HOST",
+    help="Create the executor consumer of this Incus host; repeatable.",
+)
+@log_options
+def provision(**kwargs: Any) -> None:
+    """Create (or update) the streams, the leader bucket and the executors' consumers, as
+    an admin user, so that every component can run with least privilege."""
+    common = common_from(kwargs, name="reconciler-provision")
+    hosts: tuple[str, ...] = kwargs["executor_hosts"]
+    try:
+        done = anyio.run(
+            lambda: _provision(
+                common,
+                replicas=kwargs["stream_replicas"],
+                leader_ttl_s=kwargs["leader_ttl"],
+                hosts=hosts,
+            )
+        )
+    except (StreamSetupError, PermissionViolation, TimeoutError) as exc:
+        raise click.ClickException(str(exc)) from None
+    for line in done:
+        click.echo(line)
+
+
+async def _provision(
+    common: Common, *, replicas: int, leader_ttl_s: float, hosts: tuple[str, ...]
+) -> list[str]:
+    names = StreamNames.for_prefix(common.prefix)
+    opts = dataclasses.replace(common.nats, initial_timeout_s=common.nats.connect_timeout_s * 5)
+    nc = await connect(opts)
+    try:
+        js = nc.jetstream()
+        await ensure_streams(
+            js, names, leader_ttl_s=leader_ttl_s, replicas=replicas, manage_replicas=True
+        )
+        done = [
+            f"streams {names.in_stream}, {names.out_stream} and bucket {names.leader_bucket}: "
+            f"{replicas} replica(s)"
+        ]
+        for host in hosts:
+            durable = consumer_name(host)
+            try:
+                await js.consumer_info(names.out_stream, durable)
+                done.append(f"consumer {names.out_stream}/{durable}: exists, left as it is")
+                continue
+            except NotFoundError:
+                pass
+            config = api.ConsumerConfig(
+                durable_name=durable,
+                description=f"reconciler executor of host {host}",
+                filter_subject=f"{common.prefix}.out.exec.{host}.>",
+                ack_policy=api.AckPolicy.EXPLICIT,
+                ack_wait=float(_EXECUTOR_DEFAULTS["ack_wait_s"]),
+                max_deliver=-1,
+                max_ack_pending=int(_EXECUTOR_DEFAULTS["max_in_hand"]),
+                replay_policy=api.ReplayPolicy.INSTANT,
+                deliver_policy=api.DeliverPolicy.NEW,
+                num_replicas=replicas,
+            )
+            await guarded(nc, functools.partial(js.add_consumer, names.out_stream, config=config))
+            done.append(f"consumer {names.out_stream}/{durable}: created")
+        return done
+    finally:
+        with anyio.CancelScope(shield=True):
+            await nc.close()
