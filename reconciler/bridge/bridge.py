@@ -260,7 +260,10 @@ class HostBridge:
         delay = self.backoff_s
         while True:  # until stored: the same id makes a retry after a lost ack harmless
             try:
-                await publish(self.js, self.subject("lifecycle"), body, msg_id=msg_id)
+                # one attempt each: this loop retries (and counts) for as long as it takes
+                await publish(
+                    self.js, self.subject("lifecycle"), body, msg_id=msg_id, retry_for_s=0
+                )
                 break
             except (PermissionViolation, PayloadTooLarge):
                 raise  # a deployment or input fault: retrying cannot fix it

@@ -70,11 +70,14 @@ async def publish(
     *,
     msg_id: str | None = None,
     headers: Mapping[str, str] | None = None,
-    timeout_s: float = 5.0,
+    timeout_s: float | None = None,
     retry_for_s: float = 30.0,
     max_backoff_s: float = 2.0,
 ) -> api.PubAck:
-    """Publish to a stream and await its acknowledgement; see the module's rules."""
+    """Publish to a stream and await its acknowledgement; see the module's rules.
+
+    ``timeout_s`` bounds each attempt (``None``: the JetStream context's own timeout);
+    ``retry_for_s=0`` makes one attempt, for a caller that retries in a loop of its own."""
     nc: Client = js._nc  # nats-py keeps the context's client there
     sent = dict(headers or {})
     if msg_id is not None:
