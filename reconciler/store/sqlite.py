@@ -74,17 +74,18 @@ _UPSERT_NAMED = (
 )
 _DELETE_NAMED = "DELETE FROM {table} WHERE name = ?"
 _UPSERT_LEASE = (
-    "INSERT INTO leases (lease_id, instance, host, pool, state, job, data) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (lease_id) DO UPDATE SET "
+    "INSERT INTO leases (lease_id, instance, host, pool, state, job, data, released_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (lease_id) DO UPDATE SET "
     "instance = excluded.instance, host = excluded.host, pool = excluded.pool, "
-    "state = excluded.state, job = excluded.job, data = excluded.data"
+    "state = excluded.state, job = excluded.job, data = excluded.data, "
+    "released_at = excluded.released_at"
 )
 _DELETE_LEASE = "DELETE FROM leases WHERE lease_id = ?"
 _UPSERT_DECISION = (
-    "INSERT INTO decisions (request_id, verb, phase, msg_id, payload, lease_id) "
-    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO UPDATE SET "
+    "INSERT INTO decisions (request_id, verb, phase, msg_id, payload, lease_id, final_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO UPDATE SET "
     "verb = excluded.verb, phase = excluded.phase, msg_id = excluded.msg_id, "
-    "payload = excluded.payload, lease_id = excluded.lease_id"
+    "payload = excluded.payload, lease_id = excluded.lease_id, final_at = excluded.final_at"
 )
 _DELETE_DECISION = "DELETE FROM decisions WHERE request_id = ?"
 _UPSERT_JOB = (
@@ -92,11 +93,11 @@ _UPSERT_JOB = (
     "ON CONFLICT (job) DO UPDATE SET lease_id = excluded.lease_id"
 )
 _DELETE_JOB = "DELETE FROM jobs WHERE job = ?"
-_CLEAR_JOBS = "DELETE FROM jobs"
 _INSERT_JOURNAL = (
-    "INSERT INTO journal (input_seq, lease_id, event, from_state, to_state) VALUES (?, ?, ?, ?, ?)"
+    "INSERT INTO journal (input_seq, lease_id, event, from_state, to_state, at) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
 )
-_DECISION_COLUMNS = "request_id, verb, phase, msg_id, payload, lease_id"
+_DECISION_COLUMNS = "request_id, verb, phase, msg_id, payload, lease_id, final_at"
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +184,7 @@ def encode_batch(
                 lease.state.value,
                 lease.job,
                 _json(lease, "leases", lease_id),
+                state.released_at.get(lease_id),
             )
         )
         if lease.job is not None:
@@ -191,19 +193,16 @@ def encode_batch(
     add(_DELETE_LEASE, gone)
 
     # Jobs by diff. A job is bound in the fold only together with a lease that carries
-    # it and is touched in the same step, and a binding never changes afterwards; so
-    # the jobs of the touched leases cover every binding this batch can have made or
-    # unmade (O(batch), not O(all jobs)): their rows are rewritten from the state, or
-    # deleted when unbound. A deleted lease no longer tells its job: then (never in
-    # today's fold) the whole table is rewritten from the state.
-    if gone:
-        add(_CLEAR_JOBS, [()])
-        add(_UPSERT_JOB, sorted(state.jobs.items()))
-    else:
-        bound = [(job, state.jobs[job]) for job in sorted(jobs) if job in state.jobs]
-        unbound = [(job,) for job in sorted(jobs) if job not in state.jobs]
-        add(_UPSERT_JOB, bound)
-        add(_DELETE_JOB, unbound)
+    # it and is touched in the same step, and a binding never changes afterwards; it is
+    # unbound only when retention evicts its lease, which names the job in ``fx.jobs``.
+    # So the jobs of the touched leases and ``fx.jobs`` cover every binding this batch
+    # can have made or unmade (O(batch), not O(all jobs)): their rows are rewritten from
+    # the state, or deleted when unbound.
+    jobs |= fx.jobs
+    bound = [(job, state.jobs[job]) for job in sorted(jobs) if job in state.jobs]
+    unbound = [(job,) for job in sorted(jobs) if job not in state.jobs]
+    add(_UPSERT_JOB, bound)
+    add(_DELETE_JOB, unbound)
 
     decisions: list[tuple[Any, ...]] = []
     undecided: list[tuple[Any, ...]] = []
@@ -220,6 +219,7 @@ def encode_batch(
                     record.msg_id,
                     record.payload,
                     record.lease_id,
+                    record.final_at,
                 )
             )
     add(_UPSERT_DECISION, decisions)
@@ -227,7 +227,10 @@ def encode_batch(
 
     add(
         _INSERT_JOURNAL,
-        [(t.input_seq, t.lease_id, t.event, t.from_state, t.to_state) for t in fx.transitions],
+        [
+            (t.input_seq, t.lease_id, t.event, t.from_state, t.to_state, t.at)
+            for t in fx.transitions
+        ],
     )
     outputs = [(o.subject, o.msg_id, o.payload) for o in (*fx.outputs, *extra_outputs)]
     if outputs:
@@ -236,13 +239,14 @@ def encode_batch(
 
 
 def _decision(row: Sequence[Any]) -> DecisionRecord:
-    request_id, verb, phase, _msg_id, payload, lease_id = row
+    request_id, verb, phase, _msg_id, payload, lease_id, final_at = row
     return DecisionRecord(
         request_id=RequestId(request_id),
         verb=verb,
         phase=phase,
         payload=bytes(payload),
         lease_id=LeaseId(lease_id) if lease_id is not None else None,
+        final_at=int(final_at) if final_at is not None else None,
     )
 
 
@@ -415,21 +419,27 @@ class Store(Database):
         async with self.using("read schema version") as conn:
             return await read_schema_version(conn)
 
-    async def load_state(self) -> State:
-        """The state as committed, derived indexes rebuilt (``State.reindex``)."""
+    async def load_state(self, *, decision_retention_s: int | None = None) -> State:
+        """The state as committed, derived indexes rebuilt (``State.reindex``), to be
+        folded on with ``decision_retention_s`` (see ``State``)."""
         async with self.using("load state") as conn:
             # one read transaction: a consistent snapshot even with other writers
             await conn.execute("BEGIN")
             try:
-                state = State(applied_seq=await self._applied_seq(conn))
+                state = State(
+                    applied_seq=await self._applied_seq(conn),
+                    decision_retention_s=decision_retention_s,
+                )
                 for attr, _, table, cls in _NAMED:
                     target: dict[Any, Any] = getattr(state, attr)
                     sql = f"SELECT name, data FROM {table} ORDER BY name"
                     for name, data in await conn.execute_fetchall(sql):
                         target[name] = _decode(cls, data, table, name)
-                sql = "SELECT lease_id, data FROM leases ORDER BY lease_id"
-                for lease_id, data in await conn.execute_fetchall(sql):
+                sql = "SELECT lease_id, data, released_at FROM leases ORDER BY lease_id"
+                for lease_id, data, released_at in await conn.execute_fetchall(sql):
                     state.leases[LeaseId(lease_id)] = _decode(Lease, data, "leases", lease_id)
+                    if released_at is not None:
+                        state.released_at[LeaseId(lease_id)] = int(released_at)
                 sql = f"SELECT {_DECISION_COLUMNS} FROM decisions ORDER BY request_id"
                 for row in await conn.execute_fetchall(sql):
                     record = _decision(row)
