@@ -4,11 +4,13 @@ For every lease the identifier names (a job, an instance, a lease id, a request 
 timeline lists, in stream order: each input that touched it (subject and a one-line
 payload, fetched from the IN stream by sequence when NATS is reachable), the lease
 transitions it caused (from the append-only journal), and the decisions that name the
-lease (their latest phase, as the store keeps it).
+lease (their latest phase, as the store keeps it). When ``--journal-retention`` pruned
+the journal, a first line says since when history is incomplete.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -55,8 +57,17 @@ async def audit_lines(
                 events[int(body["input_seq"])].append({"type": "decision", **body})
             seqs.update(events)
             timelines.append((lease, events))
+        pruned_before, pruned_rows = await store.journal_pruned()
     inputs = await _fetch_inputs(sorted(seqs), nats=nats, prefix=prefix) if nats else {}
     lines: list[str] = []
+    if pruned_before:
+        when = dt.datetime.fromtimestamp(pruned_before, dt.UTC).isoformat()
+        lines.append(
+            orjson.dumps({"type": "history-pruned", "before": when, "rows": pruned_rows}).decode()
+            if as_json
+            else f"history pruned: journal rows before {when} were deleted "
+            f"(--journal-retention; {pruned_rows} rows in all)"
+        )
     for lease, events in timelines:
         if as_json:
             lines.extend(_json_lines(lease, events, inputs))

@@ -24,7 +24,10 @@ from __future__ import annotations
 from reconciler.core.model import LeaseState
 from reconciler.core.state import Effects, State
 
-__all__ = ["evict_expired"]
+__all__ = ["DEFAULT_DECISION_RETENTION_S", "evict_expired"]
+
+#: ``--decision-retention``'s default: a week of stream time
+DEFAULT_DECISION_RETENTION_S = 7 * 86_400
 
 
 def evict_expired(state: State, now: int, fx: Effects) -> int:

@@ -51,6 +51,7 @@ from reconciler.store.migrations import schema_version as read_schema_version
 from reconciler.store.outbox import pack_outputs, unpack_outputs
 from reconciler.store.transactions import (
     INSERT_OUTBOX,
+    PRUNE_JOURNAL,
     mark_published,
     scalar,
     transaction,
@@ -138,6 +139,8 @@ class Batch:
     applied_seq: int
     #: (constant statement, parameter rows) in write order
     writes: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...]
+    #: the latest stream second of its journal rows (0: none), for journal retention
+    journal_at: int = 0
 
 
 def encode_batch(
@@ -235,7 +238,8 @@ def encode_batch(
     outputs = [(o.subject, o.msg_id, o.payload) for o in (*fx.outputs, *extra_outputs)]
     if outputs:
         add(INSERT_OUTBOX, [(applied_seq, pack_outputs(outputs))])
-    return Batch(applied_seq=applied_seq, writes=tuple(writes))
+    journal_at = max((t.at for t in fx.transitions), default=0)
+    return Batch(applied_seq=applied_seq, writes=tuple(writes), journal_at=journal_at)
 
 
 def _decision(row: Sequence[Any]) -> DecisionRecord:
@@ -258,13 +262,23 @@ class Store(Database):
     # ---------------------------------------------------------------- lifetime
 
     @classmethod
-    async def open(cls, path: str | Path, *, writer_process: bool = False) -> Store:
+    async def open(
+        cls,
+        path: str | Path,
+        *,
+        writer_process: bool = False,
+        journal_retention_s: int | None = None,
+    ) -> Store:
         """Open (creating if needed) and migrate the database at ``path``.
 
         With ``writer_process``, commits and outbox marks run in a child process
         (:mod:`reconciler.store.writer`), off this process's GIL; reads stay here. The
         open returns once that writer holds the database (a writer of a previous
         replica has finished). Needs a file, not ``:memory:``.
+
+        With ``journal_retention_s``, every write also prunes the lease journal of rows
+        that much stream time older than the batch (see
+        :func:`~reconciler.store.transactions.prune_journal`); without, it keeps all.
 
         Raises :class:`SchemaTooNew` for a database of a newer reconciler, and
         :class:`StoreError` for anything that is not a usable database.
@@ -289,6 +303,7 @@ class Store(Database):
                 raise StoreError(f"cannot open store {path}: {exc}") from exc
             raise
         store = cls(conn, path)
+        store.journal_retention_s = journal_retention_s
         if writer_process:
             try:
                 # this connection only reads now: the writer keeps the write-side cache
@@ -302,6 +317,8 @@ class Store(Database):
     def __init__(self, conn: aiosqlite.Connection, path: Path) -> None:
         super().__init__(conn, path)
         self._writer: WriterProcess | None = None
+        #: see :meth:`open`
+        self.journal_retention_s: int | None = None
 
     @property
     def writer_pid(self) -> int | None:
@@ -370,10 +387,15 @@ class Store(Database):
         writes no outbox row: its outputs are already on the bus, and publishing them
         again after the bus's duplicate window would double them.
         """
+        writes = batch.writes
+        retention = self.journal_retention_s
+        if retention is not None and batch.journal_at > 0:
+            slack = max(1, min(3600, retention // 100))
+            writes = (*writes, (PRUNE_JOURNAL, ((batch.journal_at - retention, slack),)))
         if self._writer is not None:
-            return await self._writer.write(batch.applied_seq, batch.writes)
+            return await self._writer.write(batch.applied_seq, writes)
         return await self.call(
-            lambda conn: write_batch(conn, batch.applied_seq, batch.writes),
+            lambda conn: write_batch(conn, batch.applied_seq, writes),
             f"commit up to seq {batch.applied_seq}",
         )
 
@@ -479,6 +501,20 @@ class Store(Database):
             )
 
         return await self.call(read, "read outbox")
+
+    async def journal_pruned(self) -> tuple[int, int]:
+        """``(before, rows)``: journal rows of stream time before second ``before`` were
+        pruned by ``--journal-retention``, ``rows`` of them in all; ``(0, 0)`` if none."""
+        async with (
+            self.using("read journal pruning") as conn,
+            conn.execute(
+                "SELECT journal_pruned_before, journal_pruned_rows FROM position WHERE id = 1"
+            ) as cur,
+        ):
+            row = await cur.fetchone()
+        if row is None:
+            raise StoreError("the position row is missing")
+        return int(row[0]), int(row[1])
 
     async def lease_history(self, lease_id: str) -> list[dict[str, Any]]:
         """The journal of one lease, in order: ``input_seq, event, from_state, to_state``."""
