@@ -167,3 +167,22 @@ async def test_a_cold_reservation_never_created_is_released_by_the_leader(
         created = state.lease_of_instance("vm-2")
         assert created is not None and created.state.value == "created"  # not reaped
         assert state.reserved_cold == {state.by_instance["vm-3"]}
+
+
+def test_run_and_replay_take_the_retention_options() -> None:
+    from click.testing import CliRunner
+
+    from reconciler.cli.main import cli
+
+    runner = CliRunner()
+    run_help = runner.invoke(cli, ["run", "--help"], terminal_width=200).output
+    for option, env in (
+        ("--decision-retention", "RC_DECISION_RETENTION"),
+        ("--journal-retention", "RC_JOURNAL_RETENTION"),
+        ("--reservation-timeout", "RC_RESERVATION_TIMEOUT"),
+    ):
+        assert option in run_help and env in run_help
+    replay_help = runner.invoke(cli, ["replay", "--help"], terminal_width=200).output
+    assert "--decision-retention" in replay_help
+    refused = runner.invoke(cli, ["run", "--decision-retention", "0"])
+    assert refused.exit_code == 2 and "decision-retention" in refused.output
