@@ -1305,6 +1305,7 @@ async def soak_phase(ctx: Context) -> dict[str, Any]:
     mib = 1024 * 1024
     rss_slope = slope([(s["commands"], s["rss_mib"] * mib) for s in steady])
     db_slope = slope([(s["commands"], s["db_bytes"]) for s in steady])
+    both_slope = slope([(s["commands"], s["db_bytes"] + s["wal_bytes"]) for s in steady])
     first, last = steady[0], steady[-1]
     span = max(1.0, last["commands"] - first["commands"])
     return {
@@ -1315,6 +1316,7 @@ async def soak_phase(ctx: Context) -> dict[str, Any]:
             "steady_from_commands": first["commands"],
             "rss_bytes_per_command": None if rss_slope is None else round(rss_slope, 2),
             "db_bytes_per_command": None if db_slope is None else round(db_slope, 2),
+            "db_and_wal_bytes_per_command": None if both_slope is None else round(both_slope, 2),
             "rss_bytes_per_command_first_to_last": round(
                 (last["rss_mib"] - first["rss_mib"]) * mib / span, 2
             ),

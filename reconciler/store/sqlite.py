@@ -356,6 +356,8 @@ class Store(Database):
         # ~16 MiB of WAL, not every 4 MiB.
         await conn.execute("PRAGMA cache_size = -8192")
         await conn.execute("PRAGMA wal_autocheckpoint = 4000")
+        # the WAL would keep the size of its largest burst: truncated back after a reset
+        await conn.execute("PRAGMA journal_size_limit = 16777216")
 
     # ------------------------------------------------------------------ writes
 
