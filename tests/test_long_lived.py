@@ -186,3 +186,30 @@ def test_run_and_replay_take_the_retention_options() -> None:
     assert "--decision-retention" in replay_help
     refused = runner.invoke(cli, ["run", "--decision-retention", "0"])
     assert refused.exit_code == 2 and "decision-retention" in refused.output
+
+
+async def test_a_store_call_cancelled_mid_request_leaves_the_writer_in_step(
+    tmp_path: Path,
+) -> None:
+    """A leader stepping down cancels its outbox marks: the replica's next commit must
+    still work (a long-lived replica under load steps down now and then)."""
+    import anyio
+
+    db = tmp_path / "rc.db"
+    store = await Store.open(db, writer_process=True)
+    async with store:
+        state = State()
+        fx = Effects()
+        fold(state, at(0, 1, b.snapshot("h1", cpu=8)), fx)
+        assert await store.commit(state, fx, applied_seq=1)
+        with anyio.CancelScope() as scope:
+            scope.cancel()  # cancelled before the request even starts its round trip
+            await store.mark_published_through(1)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(store.mark_published_through, 1)
+            await anyio.lowlevel.checkpoint()
+            tg.cancel_scope.cancel()  # cancelled while it waits for the reply
+        fx = Effects()
+        fold(state, at(1, 2, b.pool("p", cpu=2, memory_mib=0, disk_gib=0)), fx)
+        assert await store.commit(state, fx, applied_seq=2)
+        assert await store.published_seq() == 1

@@ -42,6 +42,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from reconciler.store.errors import StoreError
 from reconciler.store.transactions import Writes
 from reconciler.store.writer_child import CHECKPOINT_EVERY_S, FRAME_HEADER
@@ -139,11 +141,16 @@ class WriterProcess:
             if self._broken is not None:
                 raise StoreError(f"store {self.path}: {what}: {self._broken}")
             try:
-                self._send(request)
-                reply = await self._receive()
+                # Shielded: a caller cancelled mid-request (a leader stepping down while
+                # it marks the outbox published) still gets the reply off the pipe, so
+                # the next request (the replica's next commit) finds it in step. The
+                # child always replies, or dies and closes the pipe.
+                with anyio.CancelScope(shield=True):
+                    self._send(request)
+                    reply = await self._receive()
             except BaseException:
-                # a request without its reply (cancelled, or the child died): the pipe
-                # is out of step from here on
+                # a request without its reply (the child died): the pipe is out of step
+                # from here on
                 self._broken = self._broken or "a request was interrupted"
                 raise
         if reply[0] == "error":
