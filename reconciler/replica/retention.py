@@ -13,26 +13,29 @@ warm-pool reconciler releases warm VMs that never boot:
 - The admission time is the stream time of the lease's final ``admitted`` decision
   (``DecisionRecord.final_at``); a decision already evicted by ``--decision-retention``
   is older than that retention, and its lease counts as abandoned too.
-- Which leases to look at comes from the state's ``reserved_cold`` index (reserved
-  cold leases only, never a scan of every lease); each is a key of a work queue, looked
-  at again when it comes due, and all of them every ``interval_s`` (a resync).
+- No scans: at the start of leadership the leases of the state's ``reserved_cold``
+  index are filed in a heap by when they come due, and then each lease a commit leaves
+  reserved and cold (O(batch)); a timer hands each to a work queue (retries with
+  backoff) when it comes due, where it is checked against the state again.
 - Time here is the wall clock: this is liveness, not safety; what it decides enters the
   log as a command like any other.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable
 
+import anyio
 import orjson
 import structlog
 from nats.js import JetStreamContext
 
 from reconciler.core.model import LeaseId, RequestId
 from reconciler.core.state import is_reserved_cold
-from reconciler.replica.caches import Caches
-from reconciler.work.queue import WorkQueue, run_with_resync
+from reconciler.replica.caches import Caches, Commit
+from reconciler.work.queue import WorkQueue, run_workers
 
 __all__ = [
     "DEFAULT_JOURNAL_RETENTION_S",
@@ -77,19 +80,59 @@ class ReservationReaper:
         self.queue: WorkQueue[str] = WorkQueue(
             name="reservations", clock=clock, backoff_base=0.5, backoff_cap=60.0
         )
+        #: (when it is due, lease id) of reserved cold leases, soonest first; an entry is
+        #: a hint checked against the state when it comes due
+        self._due: list[tuple[float, str]] = []
+        self._wakeup = anyio.Event()
         self.published = 0
 
+    def _file(self, lease_id: LeaseId) -> None:
+        state = self.caches.state
+        lease = state.leases.get(lease_id)
+        if lease is None:
+            return
+        record = state.decisions.get(lease.request_id) if lease.request_id else None
+        admitted_at = record.final_at if record is not None else None
+        due = 0.0 if admitted_at is None else admitted_at + self.timeout_s
+        was_first = not self._due or due < self._due[0][0]
+        heapq.heappush(self._due, (due, lease_id))
+        if was_first:
+            self._wakeup.set()
+
+    def notify(self, commit: Commit) -> None:
+        """Commit listener: file every lease the batch left reserved and cold (O(batch))."""
+        reserved = self.caches.state.reserved_cold
+        for lease_id in commit.fx.leases:
+            if lease_id in reserved:
+                self._file(lease_id)
+
     async def run(self) -> None:
-        await run_with_resync(
-            self.queue,
-            self.reap,
-            keys=lambda: sorted(self.caches.state.reserved_cold),
-            every_s=self.interval_s,
-        )
+        """File the reserved cold leases there are (once, at the start of leadership),
+        then hand each to the work queue when it comes due."""
+        for lease_id in sorted(self.caches.state.reserved_cold):
+            self._file(lease_id)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._timer, name="reservations-timer")
+                await run_workers(self.queue, self.reap)
+                tg.cancel_scope.cancel()
+        finally:
+            self.queue.shutdown()
+
+    async def _timer(self) -> None:
+        while True:
+            now = self._wall()
+            while self._due and self._due[0][0] <= now:
+                _, lease_id = heapq.heappop(self._due)
+                if lease_id in self.caches.state.reserved_cold:
+                    self.queue.add(lease_id)
+            wait = self._due[0][0] - now if self._due else self.interval_s
+            self._wakeup = anyio.Event()
+            with anyio.move_on_after(min(max(wait, 0.0), self.interval_s)):
+                await self._wakeup.wait()
 
     async def reap(self, key: str) -> None:
-        """One look at one lease: release it if it was abandoned, else look again when
-        it would be."""
+        """Release one lease if it was abandoned (the state may have moved on)."""
         state = self.caches.state
         lease = state.leases.get(LeaseId(key))
         if lease is None or not is_reserved_cold(lease):
@@ -101,7 +144,7 @@ class ReservationReaper:
         admitted_at = record.final_at if record is not None else None
         now = self._wall()
         if admitted_at is not None and now - admitted_at < self.timeout_s:
-            self.queue.add_after(key, admitted_at + self.timeout_s - now)
+            self._file(lease.lease_id)  # not yet (a clock step): file it again
             return
         payload = {"v": 1, "request_id": request_id, "instance": lease.instance}
         await self.js.publish(

@@ -308,6 +308,7 @@ class Replica:
                 caches.add_listener(reporter.notify)
                 caches.add_listener(warm.notify)
                 caches.add_listener(verifier.notify)
+                caches.add_listener(reaper.notify)
                 tg.start_soon(reporter.run, name="status")
                 tg.start_soon(warm.run, name="warm-pools")
                 tg.start_soon(verifier.run, name="verify")
@@ -320,6 +321,7 @@ class Replica:
             caches.remove_listener(reporter.notify)
             caches.remove_listener(warm.notify)
             caches.remove_listener(verifier.notify)
+            caches.remove_listener(reaper.notify)
             self._published += publisher.published
             self._status_published += reporter.published
             self._publisher = self._reporter = None
