@@ -280,7 +280,6 @@ def derived(state: State) -> dict[str, Any]:
         "pool_warm_unclaimed": {k: v for k, v in state.pool_warm_unclaimed.items() if v},
         "pool_ready": {k: set(v) for k, v in state.pool_ready.items() if v},
         "pool_booting": {k: set(v) for k, v in state.pool_booting.items() if v},
-        "reserved_cold": set(state.reserved_cold),
         "host_order": list(state.host_order),
     }
 

@@ -210,9 +210,6 @@ class State:
     #: pool -> lease ids of warm leases still booting (reserved or created, not gated),
     #: so the boot-timeout check looks at a handful of leases, not at the whole pool
     pool_booting: dict[PoolName, set[LeaseId]] = field(default_factory=dict)
-    #: cold leases admitted (past any launch gate) and still reserved: what the leader
-    #: releases after ``--reservation-timeout`` (their creator never created the VM)
-    reserved_cold: set[LeaseId] = field(default_factory=set)
     #: host names in order (placement's iteration order), rebuilt when a host appears
     host_order: list[HostName] = field(default_factory=list)
     #: which hosts fit which request shapes, kept up to date from a log of host changes
@@ -230,7 +227,6 @@ class State:
         self.pool_warm_unclaimed = {}
         self.pool_ready = {}
         self.pool_booting = {}
-        self.reserved_cold = set()
         self.host_order = sorted(self.hosts)
         self.candidates = CandidateIndex()
         self.expiry = ExpiryIndex.of(
@@ -290,11 +286,6 @@ class State:
                 counts[counted] = n
             else:
                 del counts[counted]
-        if is_reserved_cold(lease):
-            if sign > 0:
-                self.reserved_cold.add(lease.lease_id)
-            else:
-                self.reserved_cold.discard(lease.lease_id)
         if lease.victim_of is not None:
             return
         if lease.kind is LeaseKind.WARM and lease.state in WARM_UNCLAIMED:

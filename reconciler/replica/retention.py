@@ -13,11 +13,12 @@ warm-pool reconciler releases warm VMs that never boot:
 - The admission time is the stream time of the lease's final ``admitted`` decision
   (``DecisionRecord.final_at``); a decision already evicted by ``--decision-retention``
   is older than that retention, and its lease counts as abandoned too.
-- No scans: at the start of leadership the leases of the state's ``reserved_cold``
-  index are filed in admission order, then each lease a commit leaves reserved and cold
-  (O(batch)), in a FIFO (admission order is due order); a timer hands the oldest to a
-  work queue (retries with backoff) when it comes due, where it is checked against the
-  state again, and drops those no longer reserved.
+- One scan of the leases when leadership starts (no index: it would cost every live
+  lease memory for the few that wait): the reserved cold ones are filed in admission
+  order, then each lease a commit leaves reserved and cold (O(batch)), in a FIFO
+  (admission order is due order); a timer hands the oldest to a work queue (retries
+  with backoff) when it comes due, where it is checked against the state again, and
+  drops those no longer reserved.
 - Time here is the wall clock: this is liveness, not safety; what it decides enters the
   log as a command like any other.
 """
@@ -93,9 +94,9 @@ class ReservationReaper:
         """When a lease still reserved and cold comes due (0: its admission was evicted
         by the decision retention, so it is older than that); None when it is not."""
         state = self.caches.state
-        if lease_id not in state.reserved_cold:
+        lease = state.leases.get(lease_id)
+        if lease is None or not is_reserved_cold(lease):
             return None
-        lease = state.leases[lease_id]
         record = state.decisions.get(lease.request_id) if lease.request_id else None
         admitted_at = record.final_at if record is not None else None
         return 0.0 if admitted_at is None else admitted_at + self.timeout_s
@@ -107,17 +108,18 @@ class ReservationReaper:
 
     def notify(self, commit: Commit) -> None:
         """Commit listener: file every lease the batch left reserved and cold (O(batch))."""
-        reserved = self.caches.state.reserved_cold
+        leases = self.caches.state.leases
         for lease_id in commit.fx.leases:
-            if lease_id in reserved:
+            lease = leases.get(lease_id)
+            if lease is not None and is_reserved_cold(lease):
                 self._file(lease_id)
 
     async def run(self) -> None:
         """File the reserved cold leases there are (once, at the start of leadership),
         then hand each to the work queue when it comes due."""
-        state = self.caches.state
-        for lease_id in sorted(state.reserved_cold, key=lambda i: state.leases[i].admitted_seq):
-            self._file(lease_id)
+        reserved = [le for le in self.caches.state.leases.values() if is_reserved_cold(le)]
+        for lease in sorted(reserved, key=lambda le: (le.admitted_seq, le.lease_id)):
+            self._file(lease.lease_id)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._timer, name="reservations-timer")
