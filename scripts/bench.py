@@ -53,6 +53,24 @@ Phases (``--skip`` any of them)
         ``rss.rss_mib`` is its ``VmRSS`` then, ``rss.idle_rss_mib`` the one before the
         admissions. The number of held leases is counted in its SQLite store.
 
+    I/O floor (part of throughput)
+        ``io_floor_per_s``: the least any implementation of this job does on the bus, by a
+        bare nats-py loop over the same stream and consumer settings: ``fetch(batch)``,
+        publish one output per input to the OUT stream (a ``Nats-Msg-Id`` each, all of a
+        batch sent before waiting, every one confirmed by the stream), then ``ack`` each
+        input. Measured before and after the pipeline like the bare loop, the better
+        kept; ``ratio_io_floor`` = fold / floor (the target: >= 1.0), next to ``ratio``
+        (fold / bare fetch+ack, reported).
+    soak (only with ``--soak``: minutes long, never in CI)
+        A fresh reconciler with ``--decision-retention`` and ``--journal-retention`` of
+        ``--soak-retention`` seconds folds ``--soak-commands`` commands (admit and
+        release pairs on a zero-flavor pool: live leases stay near zero), published in
+        chunks each folded before the next. After every chunk its RSS (with its writer)
+        and its SQLite file sizes are sampled; ``soak.rss_bytes_per_command`` and
+        ``soak.db_bytes_per_command`` are least-squares slopes over the samples taken
+        once three retentions of stream time have passed (retention applies, so a
+        bounded service shows about 0), ``soak.*_first_to_last`` the plain differences.
+
 Output: ONE JSON line on stdout; progress and errors go to stderr. Exit status 1 when
 something failed (a process died, a decision is missing, a dead letter, a reconciler that
 did not stop cleanly); missed targets do not fail the run, they are reported under
@@ -110,7 +128,7 @@ from reconciler.core.model import JobId, LeaseState, PoolName  # noqa: E402
 from reconciler.core.state import State  # noqa: E402
 from tests import builders as b  # noqa: E402
 
-PHASES = ("throughput", "latency", "rss")
+PHASES = ("throughput", "latency", "rss", "soak")
 NATS_BINARIES = ("/usr/sbin/nats-server", "/usr/local/bin/nats-server")
 FULL = {
     "messages": 100_000,
@@ -133,6 +151,10 @@ TARGET_P99_MS = 20.0
 TARGET_P99_RATE = 1000.0
 TARGET_RSS_MIB = 200.0
 TARGET_RSS_LEASES = 100_000
+TARGET_IO_FLOOR_RATIO = 1.0
+#: bytes of growth per decided command allowed once retention applies (RSS, database)
+TARGET_SOAK_BYTES = 50.0
+TARGET_SOAK_COMMANDS = 1_000_000
 #: fleet utilisation (booked vCPU / allocatable vCPU) above which the workload releases
 TARGET_UTILISATION = 0.7
 TIMESTAMP = "2026-12-02T10:00:00.000000000Z"
@@ -169,6 +191,9 @@ class Options:
     log_level: str
     nats_server: str | None
     py_spy: Path | None
+    soak: bool = False
+    soak_commands: int = TARGET_SOAK_COMMANDS
+    soak_retention: int = 10
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -188,6 +213,20 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         default=[],
         metavar="PHASE",
         help="skip a phase: throughput, latency, rss (repeat or comma-separate)",
+    )
+    parser.add_argument(
+        "--soak",
+        action="store_true",
+        help="run the soak phase too (minutes: RSS and database growth per command)",
+    )
+    parser.add_argument(
+        "--soak-commands", type=int, default=TARGET_SOAK_COMMANDS, help="soak commands (1000000)"
+    )
+    parser.add_argument(
+        "--soak-retention",
+        type=int,
+        default=10,
+        help="the soaked reconciler's decision and journal retention, seconds (10)",
     )
     parser.add_argument("--quick", action="store_true", help="small numbers, for CI smoke")
     parser.add_argument("--seed", type=int, default=7, help="workload seed (7)")
@@ -228,7 +267,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         log_level=args.log_level,
         nats_server=args.nats_server,
         py_spy=args.py_spy,
+        soak=args.soak,
+        soak_commands=args.soak_commands,
+        soak_retention=args.soak_retention,
     )
+    if opts.soak_commands < 2 or opts.soak_retention < 1:
+        parser.error("--soak-commands must be >= 2 and --soak-retention >= 1")
     if opts.batch < 1 or opts.batch > 10_000:
         parser.error("--batch must be 1..10000 (what `reconciler run --batch` accepts)")
     if opts.hosts < 1 or opts.messages < opts.hosts + 10 or opts.leases < 1:
@@ -523,7 +567,17 @@ class NatsServerProcess:
 class ReconcilerProcess:
     """``python -m reconciler.cli.main run`` on one prefix, with its own SQLite file."""
 
-    def __init__(self, *, url: str, prefix: str, workdir: Path, batch: int, log_level: str) -> None:
+    def __init__(
+        self,
+        *,
+        url: str,
+        prefix: str,
+        workdir: Path,
+        batch: int,
+        log_level: str,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.extra_args = tuple(extra_args)
         self.url = url
         self.prefix = prefix
         self.names = StreamNames.for_prefix(prefix)
@@ -549,7 +603,8 @@ class ReconcilerProcess:
         args = [sys.executable, "-m", "reconciler.cli.main", "run",
                 "--nats-url", self.url, "--db", str(self.db), "--prefix", self.prefix,
                 "--replica", REPLICA, "--batch", str(self.batch),
-                "--log-format", "json", "--log-level", self.log_level]  # fmt: skip
+                "--log-format", "json", "--log-level", self.log_level,
+                *self.extra_args]  # fmt: skip
         with self.log_path.open("wb") as out:
             self._proc = subprocess.Popen(
                 args, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=out
@@ -611,13 +666,14 @@ class ReconcilerProcess:
         return code
 
 
-def new_reconciler(ctx: Context, prefix: str) -> ReconcilerProcess:
+def new_reconciler(ctx: Context, prefix: str, *extra_args: str) -> ReconcilerProcess:
     return ReconcilerProcess(
         url=ctx.url,
         prefix=prefix,
         workdir=ctx.workdir,
         batch=ctx.opts.batch,
         log_level=ctx.opts.log_level,
+        extra_args=extra_args,
     )
 
 
@@ -838,6 +894,88 @@ async def baseline_fetch_ack(
     return Baseline(per_s=rate, client_cpu_us=client_us)
 
 
+async def io_floor(ctx: Context, names: StreamNames, *, total: int, durable: str) -> Baseline:
+    """The I/O floor: the bare loop plus one confirmed output per input, the least this
+    job does on the bus (see the module's docstring). Outputs go to the OUT stream as
+    ``<prefix>.out.floor.<durable>.<n>`` with a ``Nats-Msg-Id`` each, every output of a
+    batch sent before any answer is awaited (one reply subscription, as the reconciler's
+    publisher does), and the inputs are acked once all are confirmed."""
+    js, nc, batch = ctx.js, ctx.nc, ctx.opts.batch
+    await js.add_consumer(
+        names.in_stream,
+        config=api.ConsumerConfig(
+            durable_name=durable,
+            deliver_policy=api.DeliverPolicy.ALL,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=60.0,
+            max_deliver=-1,
+            max_ack_pending=max(4 * batch, 1000),
+            max_waiting=16,
+            replay_policy=api.ReplayPolicy.INSTANT,
+        ),
+    )
+    sub = await js.pull_subscribe_bind(
+        durable=durable, stream=names.in_stream, pending_msgs_limit=max(8 * batch, 4096)
+    )
+    loop = asyncio.get_running_loop()
+    inbox = nc.new_inbox()
+    state: dict[str, Any] = {"answers": 0, "errors": 0, "want": 0, "done": None}
+
+    async def on_answer(msg: Msg) -> None:
+        state["answers"] += 1
+        if b'"error"' in msg.data:
+            state["errors"] += 1
+        done = state["done"]
+        if state["answers"] >= state["want"] and done is not None and not done.done():
+            done.set_result(None)
+
+    answers = await nc.subscribe(f"{inbox}.*", cb=on_answer)
+    subject = f"{names.prefix}.out.floor.{durable}"
+    try:
+        got = 0
+        started = time.perf_counter()
+        cpu = time.process_time(), cpu_seconds(ctx.server_pid)
+        while got < total:
+            try:
+                msgs = await sub.fetch(batch, timeout=1.0)
+            except (TimeoutError, NatsTimeoutError, FetchTimeoutError):
+                if time.perf_counter() - started > 60 + total / 1000:
+                    raise BenchError(f"I/O floor stalled after {got} of {total}") from None
+                continue
+            state["want"] += len(msgs)
+            state["done"] = loop.create_future()
+            for i, msg in enumerate(msgs, start=got):
+                await nc.publish(
+                    f"{subject}.{i}",
+                    msg.data,
+                    reply=f"{inbox}.{i}",
+                    headers={"Nats-Msg-Id": f"floor:{durable}:{i}"},
+                )
+            if state["answers"] < state["want"]:
+                await asyncio.wait_for(state["done"], timeout=30)
+            for msg in msgs:
+                await msg.ack()
+            got += len(msgs)
+        await nc.flush()
+        elapsed = time.perf_counter() - started
+        client_cpu = (time.process_time() - cpu[0]) / elapsed
+        server_cpu = (cpu_seconds(ctx.server_pid) - cpu[1]) / elapsed
+    finally:
+        await answers.unsubscribe()
+        await sub.unsubscribe()
+        await js.delete_consumer(names.in_stream, durable)
+    if state["errors"]:
+        raise BenchError(f"I/O floor: the OUT stream refused {state['errors']} outputs")
+    rate = total / elapsed
+    client_us = client_cpu * elapsed / total * 1e6
+    log(
+        f"I/O floor {durable}: {total} messages in {elapsed:.2f} s = {rate:,.0f}/s "
+        f"(cpu: client {client_cpu:.0%}, nats-server {server_cpu:.0%}; "
+        f"client {client_us:.1f} µs a message)"
+    )
+    return Baseline(per_s=rate, client_cpu_us=client_us)
+
+
 # ============================================================================= phases
 
 
@@ -859,6 +997,7 @@ async def throughput_phase(ctx: Context) -> dict[str, Any]:
     if total != len(inputs):
         raise BenchError(f"IN stream holds {total} messages, not {len(inputs)}")
     baselines = [await baseline_fetch_ack(ctx, names, total=total, durable="baseline-before")]
+    floors = [await io_floor(ctx, names, total=total, durable="floor-before")]
 
     loop = asyncio.get_running_loop()
     first_fetch, on_fetch = arrival_future(loop)
@@ -911,12 +1050,18 @@ async def throughput_phase(ctx: Context) -> dict[str, Any]:
             f"and {dead} dead letters"
         )
     baselines.append(await baseline_fetch_ack(ctx, names, total=total, durable="baseline-after"))
+    floors.append(await io_floor(ctx, names, total=total, durable="floor-after"))
     best = max(baselines, key=lambda b: b.per_s)
+    floor = max(floors, key=lambda b: b.per_s)
     return {
         "fold_events_per_s": round(fold_rate, 1),
         "baseline_fetch_ack_per_s": round(best.per_s, 1),
         "ratio": round(fold_rate / best.per_s, 4),
+        "io_floor_per_s": round(floor.per_s, 1),
+        "ratio_io_floor": round(fold_rate / floor.per_s, 4),
         "throughput": {
+            "io_floor_runs_per_s": [round(f.per_s, 1) for f in floors],
+            "io_floor_client_cpu_us_per_message": round(floor.client_cpu_us, 1),
             "messages": total,
             "commands": len(commands),
             "fold_seconds": round(seconds, 3),
@@ -1068,6 +1213,124 @@ async def rss_phase(ctx: Context) -> dict[str, Any]:
     }
 
 
+def slope(points: Sequence[tuple[float, float]]) -> float | None:
+    """The least-squares slope of ``(x, y)`` points; None for fewer than two x values."""
+    if len({x for x, _ in points}) < 2:
+        return None
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / sxx
+
+
+def soak_chunk(prefix: str, first_pair: int, pairs: int) -> list[Input]:
+    """Admit-and-release pairs ``first_pair``… on the soak pool, encoded."""
+    out: list[Input] = []
+    for n in range(first_pair, first_pair + pairs):
+        for item in (
+            b.admit(f"s{n}", "soak", f"vm-{n}"),
+            b.cmd("release", f"x{n}", instance=f"vm-{n}"),
+        ):
+            out.append(
+                Input(
+                    b.subject_of(item, prefix=prefix),
+                    orjson.dumps(item[1]),
+                    f"{item[1]['request_id']}",
+                )
+            )
+    return out
+
+
+def file_bytes(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+async def soak_phase(ctx: Context) -> dict[str, Any]:
+    """RSS and database bytes per decided command with a short retention (see the
+    module's docstring)."""
+    opts, js = ctx.opts, ctx.js
+    names = StreamNames.for_prefix("bs")
+    retention = opts.soak_retention
+    setup = [
+        Input(b.subject_of(item, prefix=names.prefix), orjson.dumps(item[1]), None)
+        for item in (
+            *fleet_setup(1),
+            b.pool("soak", cpu=0, memory_mib=0, disk_gib=0, max_instances=1_000_000),
+        )
+    ]
+    await ensure_streams(js, names)
+    await publish_all(js, setup, within_s=60)
+    proc = new_reconciler(
+        ctx,
+        names.prefix,
+        "--decision-retention", str(retention),
+        "--journal-retention", str(retention),
+    )  # fmt: skip
+    chunk_pairs = max(1, min(10_000, opts.soak_commands // 40))
+    samples: list[dict[str, float]] = []
+    async with running(proc):
+        seq = len(setup)
+        await wait_applied(ctx, proc, seq, within_s=60)
+        started = time.monotonic()
+        pairs = 0
+        while pairs * 2 < opts.soak_commands:
+            chunk = soak_chunk(names.prefix, pairs, chunk_pairs)
+            await publish_all(js, chunk, within_s=120 + len(chunk) / 500)
+            seq += len(chunk)
+            pairs += chunk_pairs
+            await wait_applied(ctx, proc, seq, within_s=120 + len(chunk) / 200)
+            memory = proc.memory_mib()
+            samples.append(
+                {
+                    "commands": pairs * 2,
+                    "elapsed_s": round(time.monotonic() - started, 2),
+                    "rss_mib": memory["VmRSS"],
+                    "db_bytes": file_bytes(proc.db),
+                    "wal_bytes": file_bytes(proc.db.with_name(proc.db.name + "-wal")),
+                }
+            )
+            if len(samples) % 10 == 0:
+                log(f"soak: {samples[-1]}")
+        peak = proc.memory_mib()["VmHWM"]
+    with contextlib.closing(sqlite3.connect(f"file:{proc.db}?mode=ro", uri=True)) as conn:
+        rows = {
+            table: int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+            for table in ("decisions", "leases", "jobs", "journal", "outbox_batches")
+        }
+    steady = [s for s in samples if s["elapsed_s"] >= 3 * retention] or samples[-2:]
+    mib = 1024 * 1024
+    rss_slope = slope([(s["commands"], s["rss_mib"] * mib) for s in steady])
+    db_slope = slope([(s["commands"], s["db_bytes"]) for s in steady])
+    both_slope = slope([(s["commands"], s["db_bytes"] + s["wal_bytes"]) for s in steady])
+    first, last = steady[0], steady[-1]
+    span = max(1.0, last["commands"] - first["commands"])
+    return {
+        "soak": {
+            "commands": pairs * 2,
+            "retention_s": retention,
+            "steady_samples": len(steady),
+            "steady_from_commands": first["commands"],
+            "rss_bytes_per_command": None if rss_slope is None else round(rss_slope, 2),
+            "db_bytes_per_command": None if db_slope is None else round(db_slope, 2),
+            "db_and_wal_bytes_per_command": None if both_slope is None else round(both_slope, 2),
+            "rss_bytes_per_command_first_to_last": round(
+                (last["rss_mib"] - first["rss_mib"]) * mib / span, 2
+            ),
+            "db_bytes_per_command_first_to_last": round(
+                (last["db_bytes"] - first["db_bytes"]) / span, 2
+            ),
+            "peak_rss_mib": peak,
+            "final": samples[-1],
+            "rows_at_end": rows,
+            "samples": samples[:: max(1, len(samples) // 20)],
+        }
+    }
+
+
 def count_active_leases(db: Path) -> int:
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
         row = conn.execute("SELECT count(*) FROM leases WHERE state != 'released'").fetchone()
@@ -1081,12 +1344,14 @@ PHASE_FUNCTIONS: dict[str, Phase] = {
     "throughput": throughput_phase,
     "latency": latency_phase,
     "rss": rss_phase,
+    "soak": soak_phase,
 }
 #: what a skipped or failed phase reports (JSON null)
 EMPTY: dict[str, dict[str, Any]] = {
     "throughput": {"fold_events_per_s": None, "baseline_fetch_ack_per_s": None, "ratio": None},
     "latency": {"latency_ms": None},
     "rss": {"peak_rss_mib": None},
+    "soak": {"soak": None},
 }
 
 
@@ -1099,8 +1364,8 @@ async def run_phases(
     try:
         for name in PHASES:
             found.update(EMPTY[name])
-            if name in opts.skip:
-                continue
+            if name in opts.skip or (name == "soak" and not opts.soak):
+                continue  # the soak runs only when asked for (--soak)
             log(f"phase {name}")
             started = time.perf_counter()
             try:
@@ -1122,6 +1387,7 @@ def targets(found: dict[str, Any], opts: Options) -> dict[str, dict[str, Any]]:
         return {"value": value, "pass": None if value is None else ok(value), **extra}
 
     ratio, p99, rss = found.get("ratio"), found.get("latency_ms"), found.get("peak_rss_mib")
+    floor_ratio, soak = found.get("ratio_io_floor"), found.get("soak") or {}
     p99 = None if p99 is None else p99["p99"]
     return {
         "ratio": check(
@@ -1138,6 +1404,24 @@ def targets(found: dict[str, Any], opts: Options) -> dict[str, dict[str, Any]]:
             lambda v: v <= TARGET_P99_MS,
             target=f"<= {TARGET_P99_MS:g} ms at {TARGET_P99_RATE:g}/s",
             conditions_met=opts.rate >= TARGET_P99_RATE,
+        ),
+        "ratio_io_floor": check(
+            floor_ratio,
+            lambda v: v >= TARGET_IO_FLOOR_RATIO,
+            target=f">= {TARGET_IO_FLOOR_RATIO}",
+            source="issue",
+        ),
+        "soak_rss_bytes_per_command": check(
+            soak.get("rss_bytes_per_command"),
+            lambda v: v <= TARGET_SOAK_BYTES,
+            target=f"<= {TARGET_SOAK_BYTES:g} B over {TARGET_SOAK_COMMANDS} commands",
+            conditions_met=opts.soak_commands >= TARGET_SOAK_COMMANDS,
+        ),
+        "soak_db_bytes_per_command": check(
+            soak.get("db_bytes_per_command"),
+            lambda v: v <= TARGET_SOAK_BYTES,
+            target=f"<= {TARGET_SOAK_BYTES:g} B over {TARGET_SOAK_COMMANDS} commands",
+            conditions_met=opts.soak_commands >= TARGET_SOAK_COMMANDS,
         ),
         "peak_rss_mib": check(
             rss,
@@ -1233,6 +1517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rate": opts.rate,
         "latency_seconds": opts.latency_seconds,
         "leases": opts.leases,
+        "soak_commands": opts.soak_commands if opts.soak else None,
         "quick": opts.quick,
         "skipped": sorted(opts.skip),
         "seed": opts.seed,

@@ -71,7 +71,9 @@ def test_quick_bench_prints_one_json_line_with_every_figure(tmp_path: Path) -> N
     assert result["throughput"]["decisions"] == result["throughput"]["commands"]
     assert result["throughput"]["dead_letters"] == 0
     assert result["rss"]["leases"] >= result["leases"]
-    for name in ("ratio", "latency_p99_ms", "peak_rss_mib"):
+    assert_numbers(result, "io_floor_per_s", "ratio_io_floor")
+    assert result["soak"] is None and result["soak_commands"] is None  # only with --soak
+    for name in ("ratio", "ratio_io_floor", "latency_p99_ms", "peak_rss_mib"):
         assert isinstance(result["targets"][name]["pass"], bool), name
     assert isinstance(result["machine"]["cpu_count"], int)
     assert isinstance(result["versions"]["nats_server"], str)

@@ -397,6 +397,7 @@ async def test_entities_absent_from_the_state_are_deleted(tmp_path: Path) -> Non
             policies={"mig-on-a"},
             leases={LeaseId("L22")},
             decisions={RequestId("g1")},
+            jobs={JobId("job-g")},  # an unbound job is named, as retention's eviction does
         )
         named = {"hosts": "host_rows", "pools": "pool_rows"}
         for attr in ("hosts", "pools", "classes", "profiles", "policies", "leases", "decisions"):
@@ -538,8 +539,14 @@ async def write_v1_database(db: Path, state: State, fx: Effects, applied_seq: in
         batch = encode_batch(state, fx, applied_seq=applied_seq)
         await conn.execute("BEGIN IMMEDIATE")
         for statement, params in batch.writes:
-            if "outbox" not in statement:
-                await conn.executemany(statement, params)
+            if "outbox" in statement:
+                continue
+            for column in ("released_at", "final_at", "at"):  # added by version 5
+                if f", {column})" in statement:
+                    statement = statement.replace(f", {column})", ")").replace(", ?)", ")")
+                    statement = statement.replace(f", {column} = excluded.{column}", "")
+                    params = [row[:-1] for row in params]
+            await conn.executemany(statement, params)
         await conn.executemany(  # version 1 kept one outbox row per output
             "INSERT INTO outbox (input_seq, subject, msg_id, payload) VALUES (?, ?, ?, ?)",
             [(applied_seq, o.subject, o.msg_id, o.payload) for o in fx.outputs],

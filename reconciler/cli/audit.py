@@ -11,11 +11,14 @@ without NATS), and the executor commands published for the lease.
 Reading the bus connects once, bounded by ``--connect-timeout``; a stream that does not
 exist is an error, not an empty timeline. The store is opened read-only and must be a
 replica's store.
+When ``--journal-retention`` pruned the journal, a first line says since when history is
+incomplete.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -66,10 +69,19 @@ async def audit_lines(
                 request_ids[lease.lease_id].append(str(body["request_id"]))
                 events[int(body["input_seq"])].append({"type": "decision", **body})
             timelines.append((lease, events))
+        pruned_before, pruned_rows = await store.journal_pruned()
     inputs: dict[int, dict[str, Any]] = {}
     if nats is not None:
         inputs = await _from_bus(timelines, request_ids, nats=nats, prefix=prefix)
     lines: list[str] = []
+    if pruned_before:
+        when = dt.datetime.fromtimestamp(pruned_before, dt.UTC).isoformat()
+        lines.append(
+            orjson.dumps({"type": "history-pruned", "before": when, "rows": pruned_rows}).decode()
+            if as_json
+            else f"history pruned: journal rows before {when} were deleted "
+            f"(--journal-retention; {pruned_rows} rows in all)"
+        )
     for lease, events in timelines:
         if as_json:
             lines.extend(_json_lines(lease, events, inputs))

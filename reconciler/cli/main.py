@@ -27,6 +27,7 @@ from reconciler.cli.options import (
     run_options,
 )
 from reconciler.cli.overview import overview_lines
+from reconciler.cli.retention_options import decision_retention_option, retention_options
 from reconciler.cli.signals import run_until_signalled
 from reconciler.replica.replay import ReplayError, replay
 from reconciler.replica.runtime import Replica, RunConfig, StartupError, default_replica_name
@@ -80,6 +81,7 @@ def cli() -> None:
 @bus_options
 @db_option
 @run_options
+@retention_options
 @incus_options
 @click.option(
     "--replica",
@@ -146,6 +148,9 @@ def run(**kwargs: Any) -> None:
             status_progress_interval_s=kwargs["status_progress_interval"],
             live_get_timeout_s=kwargs["live_get_timeout"],
             warm_boot_timeout_s=kwargs["warm_boot_timeout"],
+            decision_retention_s=kwargs["decision_retention"],
+            journal_retention_s=kwargs["journal_retention"],
+            reservation_timeout_s=kwargs["reservation_timeout"],
             leader_ttl_s=kwargs["leader_ttl"],
             metrics_addr=kwargs["metrics_addr"],
             freeze_loaded_state=kwargs["gc_threshold"] > 0,
@@ -181,6 +186,7 @@ def run(**kwargs: Any) -> None:
     "--show", type=click.IntRange(min=0), default=20, show_default=True, help="Divergences shown."
 )
 @connect_timeout_option
+@decision_retention_option
 @oneshot_log_options
 def replay_command(
     db: Path | None, as_json: bool, show: int, connect_timeout: float, **kwargs: Any
@@ -188,9 +194,15 @@ def replay_command(
     """Fold the input stream into a fresh database and compare every decision with the
     output stream. Prints a digest of the state; exits 1 on any divergence."""
     common = common_from(kwargs, name="reconciler-replay")
+    retention = kwargs["decision_retention"]
     try:
         report = anyio.run(
-            lambda: replay(once(common.nats, connect_timeout), prefix=common.prefix, db=db)
+            lambda: replay(
+                once(common.nats, connect_timeout),
+                prefix=common.prefix,
+                db=db,
+                decision_retention_s=retention,
+            )
         )
     except TimeoutError as exc:
         raise click.ClickException(f"{exc} (--connect-timeout {connect_timeout:g})") from exc

@@ -232,6 +232,7 @@ class Common:
 def common_from(kwargs: dict[str, Any], *, name: str) -> Common:
     """Pop the bus and log options out of a command's keyword arguments."""
     configure_logging(fmt=kwargs.pop("log_format"), level=kwargs.pop("log_level"))
+
     def path(key: str) -> str | None:
         value = kwargs.pop(key)
         return str(value) if value else None

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from reconciler.core import inputs as ev
+from reconciler.core.expiry import epoch_second
 from reconciler.core.model import (
     TAG_JOB,
     TAG_KIND,
@@ -50,6 +51,7 @@ from reconciler.core.placement import (
     resolve_claims,
 )
 from reconciler.core.preemption import choose_victims
+from reconciler.core.retention import evict_expired
 from reconciler.core.runtime import (
     RuntimeConfigError,
     runtime_basis,
@@ -83,7 +85,10 @@ def fold(state: State, message: ev.Message, fx: Effects | None = None) -> Effect
     fx = fx if fx is not None else Effects()
     if message.seq <= state.applied_seq:
         return fx
-    _Step(state, message, fx).run()
+    step = _Step(state, message, fx)
+    if step.now is not None:
+        evict_expired(state, step.now, fx)
+    step.run()
     state.applied_seq = message.seq
     return fx
 
@@ -101,13 +106,15 @@ def fold_batch(state: State, messages: Iterable[ev.Message]) -> Effects:
 class _Step:
     """One message being folded; a small object so helpers share seq, time and effects."""
 
-    __slots__ = ("fx", "msg", "seq", "state", "ts")
+    __slots__ = ("fx", "msg", "now", "seq", "state", "ts")
 
     def __init__(self, state: State, message: ev.Message, fx: Effects) -> None:
         self.state = state
         self.msg = message
         self.seq = message.seq
         self.ts = message.timestamp
+        #: the stream time in whole seconds (retention), None for a timestamp without one
+        self.now = epoch_second(message.timestamp)
         self.fx = fx
 
     def run(self) -> None:
@@ -162,14 +169,18 @@ class _Step:
                 {"lease_id": v.lease_id, "instance": v.instance, "host": v.host} for v in victims
             ]
         data = encode(payload)
+        final_at = self.now if phase == "final" else None
         record = DecisionRecord(
             request_id=request_id,
             verb=verb,
             phase=phase,
             payload=data,
             lease_id=lease.lease_id if lease is not None else None,
+            final_at=final_at,
         )
         self.state.decisions[request_id] = record
+        if final_at is not None:
+            self.state.expiry.add_decision(final_at, request_id)
         self.fx.decisions.add(request_id)
         self.fx.outputs.append(Output(f"out.decision.{request_id}", record.msg_id, data, outcome))
 
@@ -182,9 +193,22 @@ class _Step:
         self.fx.pools.add(new.pool)
         if to is not lease.state:
             self.fx.transitions.append(
-                Transition(self.seq, new.lease_id, event, lease.state.value, to.value)
+                Transition(self.seq, new.lease_id, event, lease.state.value, to.value, self.at)
             )
+            if to is LeaseState.RELEASED:
+                self._released(new.lease_id)
         return new
+
+    @property
+    def at(self) -> int:
+        """The journal's time of this step: its stream second, 0 when it has none."""
+        return self.now if self.now is not None else 0
+
+    def _released(self, lease_id: LeaseId) -> None:
+        """File a lease just released for eviction after the retention."""
+        if self.now is not None:
+            self.state.released_at[lease_id] = self.now
+            self.state.expiry.add_lease(self.now, lease_id)
 
     def create(self, lease: Lease, event: str) -> None:
         self.state.put_lease(lease)
@@ -192,8 +216,10 @@ class _Step:
         self.fx.hosts.add(lease.host)
         self.fx.pools.add(lease.pool)
         self.fx.transitions.append(
-            Transition(self.seq, lease.lease_id, event, None, lease.state.value)
+            Transition(self.seq, lease.lease_id, event, None, lease.state.value, self.at)
         )
+        if lease.state is LeaseState.RELEASED:
+            self._released(lease.lease_id)
 
     def exec_delete(
         self,

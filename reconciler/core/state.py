@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reconciler.core.candidates import CandidateIndex
+from reconciler.core.expiry import ExpiryIndex
 from reconciler.core.model import (
     ClassName,
     GpuPolicy,
@@ -77,6 +78,15 @@ def is_booting_warm(lease: Lease) -> bool:
     )
 
 
+def is_reserved_cold(lease: Lease) -> bool:
+    """A cold lease admitted (no launch gate shut) whose VM was not created yet."""
+    return (
+        lease.kind is LeaseKind.COLD
+        and lease.state is LeaseState.RESERVED
+        and lease.gate_seq is None
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Output:
     """One message to publish after commit. ``subject`` has no prefix (``out.…``)."""
@@ -97,6 +107,8 @@ class Transition:
     event: str
     from_state: str | None
     to_state: str
+    #: the input's stream time, in whole seconds since the epoch (journal retention)
+    at: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +120,8 @@ class DecisionRecord:
     phase: str
     payload: bytes
     lease_id: LeaseId | None = None
+    #: stream time (epoch seconds) of its final decision: retention counts from it
+    final_at: int | None = None
 
     @property
     def msg_id(self) -> str:
@@ -134,6 +148,8 @@ class Effects:
     policies: set[str] = field(default_factory=set)
     leases: set[LeaseId] = field(default_factory=set)
     decisions: set[RequestId] = field(default_factory=set)
+    #: jobs whose binding was dropped (their lease evicted by retention)
+    jobs: set[JobId] = field(default_factory=set)
     #: input kinds recorded but ignored (stale revisions, no-op events), for logs
     notes: list[tuple[int, str]] = field(default_factory=list)
 
@@ -149,6 +165,7 @@ class Effects:
         self.policies |= other.policies
         self.leases |= other.leases
         self.decisions |= other.decisions
+        self.jobs |= other.jobs
         self.notes.extend(other.notes)
 
 
@@ -164,8 +181,14 @@ class State:
     policies: dict[str, GpuPolicy] = field(default_factory=dict)
     leases: dict[LeaseId, Lease] = field(default_factory=dict)
     decisions: dict[RequestId, DecisionRecord] = field(default_factory=dict)
-    #: job identity -> the lease it was bound to, forever
+    #: job identity -> the lease it was bound to, for as long as that lease is kept
     jobs: dict[JobId, LeaseId] = field(default_factory=dict)
+    #: released lease -> stream time (epoch seconds) of its release, until evicted
+    released_at: dict[LeaseId, int] = field(default_factory=dict)
+    #: seconds of stream time a final decision and a released lease are kept; ``None``
+    #: keeps them forever. Configuration, not state: every replica and every replay of
+    #: one stream must fold with the same value (``--decision-retention``).
+    decision_retention_s: int | None = None
 
     # ---- derived (not persisted; rebuilt from the above by reindex) ----
     #: instance -> its latest lease
@@ -191,6 +214,8 @@ class State:
     host_order: list[HostName] = field(default_factory=list)
     #: which hosts fit which request shapes, kept up to date from a log of host changes
     candidates: CandidateIndex = field(default_factory=CandidateIndex)
+    #: what retention will evict, by the second it was decided or released
+    expiry: ExpiryIndex = field(default_factory=ExpiryIndex)
 
     def reindex(self) -> None:
         self.by_instance = {}
@@ -204,6 +229,10 @@ class State:
         self.pool_booting = {}
         self.host_order = sorted(self.hosts)
         self.candidates = CandidateIndex()
+        self.expiry = ExpiryIndex.of(
+            ((r.final_at, r.request_id) for r in self.decisions.values() if r.final_at is not None),
+            ((at, lease_id) for lease_id, at in self.released_at.items()),
+        )
         for lease in sorted(self.leases.values(), key=lambda le: (le.admitted_seq, le.lease_id)):
             self.by_instance[lease.instance] = lease.lease_id
             self._count(lease, +1)

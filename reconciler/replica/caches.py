@@ -336,7 +336,9 @@ class Caches:
             exc_info=cause,
         )
         await self._drained.wait()
-        self.state = await self.store.load_state()
+        self.state = await self.store.load_state(
+            decision_retention_s=self.state.decision_retention_s
+        )
         self._poisoned.add(culprit.stream_seq)
 
     async def _writer(self, receive: ObjectReceiveStream[FoldedBatch]) -> None:

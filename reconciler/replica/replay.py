@@ -40,6 +40,7 @@ from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.consumer import InputConsumer
 from reconciler.bus.publisher import MSG_ID
 from reconciler.bus.streams import StreamNames
+from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
 from reconciler.core.state import State
 from reconciler.replica.caches import Caches, Commit
 from reconciler.store.digest import state_digest
@@ -87,20 +88,29 @@ async def replay(
     prefix: str = "rc",
     db: Path | None = None,
     batch: int = 1000,
+    decision_retention_s: int | None = DEFAULT_DECISION_RETENTION_S,
 ) -> ReplayReport:
     """Connect, replay, compare; see the module's rules."""
     nc = await connect(opts)
     try:
-        return await replay_into(nc, prefix=prefix, db=db, batch=batch)
+        return await replay_into(
+            nc, prefix=prefix, db=db, batch=batch, decision_retention_s=decision_retention_s
+        )
     finally:
         with anyio.CancelScope(shield=True):
             await nc.close()
 
 
 async def replay_into(
-    nc: Client, *, prefix: str = "rc", db: Path | None = None, batch: int = 1000
+    nc: Client,
+    *,
+    prefix: str = "rc",
+    db: Path | None = None,
+    batch: int = 1000,
+    decision_retention_s: int | None = DEFAULT_DECISION_RETENTION_S,
 ) -> ReplayReport:
-    """Replay over an open connection."""
+    """Replay over an open connection, folding with the replicas' ``--decision-retention``
+    (the state, and so the digest, depends on it)."""
     names = StreamNames.for_prefix(prefix)
     js = nc.jetstream()
     try:
@@ -118,7 +128,14 @@ async def replay_into(
         raise ReplayError(f"{db} exists: replay folds into a fresh database")
     produced: dict[str, tuple[str, bytes]] = {}
     state, inputs, dead = await _fold_stream(
-        nc, js, names, db=db, last=last, batch=batch, produced=produced
+        nc,
+        js,
+        names,
+        db=db,
+        last=last,
+        batch=batch,
+        produced=produced,
+        retention=decision_retention_s,
     )
     report = ReplayReport(
         first_seq=first if last else 0,
@@ -143,6 +160,7 @@ async def _fold_stream(
     last: int,
     batch: int,
     produced: dict[str, tuple[str, bytes]],
+    retention: int | None = DEFAULT_DECISION_RETENTION_S,
 ) -> tuple[State, int, int]:
     consumer = InputConsumer(
         nc, js, stream=names.in_stream, durable=f"replay-{secrets.token_hex(6)}", batch=batch
@@ -150,7 +168,7 @@ async def _fold_stream(
     async with await Store.open(db if db is not None else ":memory:") as store:
         caches = Caches(
             store=store,
-            state=State(),
+            state=State(decision_retention_s=retention),
             consumer=consumer,
             decoder=Decoder(),
             prefix=names.prefix,

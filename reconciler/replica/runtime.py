@@ -46,11 +46,17 @@ from reconciler.bus.streams import (
     ensure_streams,
 )
 from reconciler.bus.violations import PermissionViolation
+from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
 from reconciler.incus.endpoints import IncusEndpoint
 from reconciler.replica.caches import Caches
 from reconciler.replica.leader import LeaderElection, Leadership
 from reconciler.replica.outbox import OutboxPublisher
 from reconciler.replica.queries import QueryResponder
+from reconciler.replica.retention import (
+    DEFAULT_JOURNAL_RETENTION_S,
+    DEFAULT_RESERVATION_TIMEOUT_S,
+    ReservationReaper,
+)
 from reconciler.replica.status import StatusReporter
 from reconciler.replica.topup import WarmPoolReconciler
 from reconciler.replica.verify import IncusPresence, SuspectVerifier
@@ -92,6 +98,13 @@ class RunConfig:
     live_get_timeout_s: float = 5.0
     #: a warm VM not ready this long after its admission is released (and asked again)
     warm_boot_timeout_s: float = 600.0
+    #: retention (CONTRACT.md "Retention"): decided request ids and released leases are
+    #: evicted this long (stream time) after their final decision or release; the store
+    #: prunes lease history older than ``journal_retention_s``; a cold lease still
+    #: reserved ``reservation_timeout_s`` after its admission is released
+    decision_retention_s: int | None = DEFAULT_DECISION_RETENTION_S
+    journal_retention_s: int | None = DEFAULT_JOURNAL_RETENTION_S
+    reservation_timeout_s: float = DEFAULT_RESERVATION_TIMEOUT_S
     leader_ttl_s: float = DEFAULT_LEADER_TTL_S
     max_age_s: float = DEFAULT_MAX_AGE_S
     duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S
@@ -116,6 +129,7 @@ class RunConfig:
             "status_progress_interval_s",
             "live_get_timeout_s",
             "warm_boot_timeout_s",
+            "reservation_timeout_s",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
@@ -172,7 +186,11 @@ class Replica:
             except StreamSetupError as exc:
                 raise StartupError(str(exc)) from None
             writer_process = cfg.store_writer == "process"
-            async with await Store.open(cfg.db, writer_process=writer_process) as store:
+            async with await Store.open(
+                cfg.db,
+                writer_process=writer_process,
+                journal_retention_s=cfg.journal_retention_s,
+            ) as store:
                 self.store = store
                 await self._run_with(nc, js, store, stop)
         finally:
@@ -185,7 +203,7 @@ class Replica:
         self, nc: Client, js: JetStreamContext, store: Store, stop: anyio.Event
     ) -> None:
         cfg = self.config
-        state = await store.load_state()
+        state = await store.load_state(decision_retention_s=cfg.decision_retention_s)
         if cfg.freeze_loaded_state:
             # the loaded state's objects form no cycles (refcounting frees what the fold
             # replaces), so freezing them costs nothing but the scans it saves; what is
@@ -277,6 +295,13 @@ class Replica:
             interval_s=cfg.status_progress_interval_s,
             boot_timeout_s=cfg.warm_boot_timeout_s,
         )
+        reaper = ReservationReaper(
+            caches=caches,
+            js=js,
+            prefix=cfg.prefix,
+            timeout_s=cfg.reservation_timeout_s,
+            interval_s=cfg.status_progress_interval_s,
+        )
         verifier = SuspectVerifier(
             caches=caches,
             js=js,
@@ -297,9 +322,11 @@ class Replica:
                 caches.add_listener(reporter.notify)
                 caches.add_listener(warm.notify)
                 caches.add_listener(verifier.notify)
+                caches.add_listener(reaper.notify)
                 tg.start_soon(reporter.run, name="status")
                 tg.start_soon(warm.run, name="warm-pools")
                 tg.start_soon(verifier.run, name="verify")
+                tg.start_soon(reaper.run, name="reservations")
                 self.leader_ready = True
                 self._log.info("leader.ready", published_seq=leadership.published_seq)
         finally:
@@ -308,6 +335,7 @@ class Replica:
             caches.remove_listener(reporter.notify)
             caches.remove_listener(warm.notify)
             caches.remove_listener(verifier.notify)
+            caches.remove_listener(reaper.notify)
             self._published += publisher.published
             self._status_published += reporter.published
             self._publisher = self._reporter = None

@@ -188,9 +188,12 @@ class WarmPoolReconciler:
             if lease.request_id is None:
                 continue
             record = state.decisions.get(lease.request_id)
-            admitted_at = _epoch(orjson.loads(record.payload)["decided_at"]) if record else None
-            if admitted_at is None or now - admitted_at < self.boot_timeout_s:
-                continue
+            if record is None:  # evicted by --decision-retention: older than that
+                admitted_at = None
+            else:
+                admitted_at = _epoch(orjson.loads(record.payload)["decided_at"])
+                if admitted_at is None or now - admitted_at < self.boot_timeout_s:
+                    continue
             request_id = RequestId(f"expire-{lease.lease_id}")
             if request_id in self.in_flight or request_id in state.decisions:
                 continue
@@ -209,7 +212,7 @@ class WarmPoolReconciler:
                 instance=lease.instance,
                 host=lease.host,
                 state=lease.state.value,
-                waited_s=round(now - admitted_at),
+                waited_s=round(now - admitted_at) if admitted_at is not None else None,
             )
 
     def _settle(self, pool: PoolName) -> str | None:

@@ -5,8 +5,9 @@ Rules:
 
 - It covers what the fold owns and the store persists: the position, every host, pool,
   class, GPU profile and policy, every lease (released ones too), every request's latest
-  decision (its exact bytes) and every job binding. Derived indexes are left out: they
-  are rebuilt from these.
+  decision (its exact bytes and the second it became final) and every job binding, and
+  the second each released lease was released (retention counts from these). Derived
+  indexes are left out: they are rebuilt from these.
 - Entities are hashed in the order of their keys, each as its exact store encoding
   (:func:`reconciler.store.codec.encode`), so the digest never depends on dict order,
   batch boundaries or how the state was reached (folded, loaded, replayed).
@@ -46,10 +47,15 @@ def state_digest(state: State) -> str:
     h.update(b"[decisions]\n")
     for request_id in sorted(state.decisions):
         record = state.decisions[request_id]
-        h.update(f"{request_id}={record.verb}/{record.phase}/{record.lease_id}=".encode())
+        h.update(
+            f"{request_id}={record.verb}/{record.phase}/{record.lease_id}/{record.final_at}=".encode()
+        )
         h.update(record.payload)
         h.update(b"\n")
     h.update(b"[jobs]\n")
     for job in sorted(state.jobs):
         h.update(f"{job}={state.jobs[job]}\n".encode())
+    h.update(b"[released_at]\n")
+    for lease_id in sorted(state.released_at):
+        h.update(f"{lease_id}={state.released_at[lease_id]}\n".encode())
     return h.hexdigest()

@@ -132,11 +132,42 @@ _V4 = (
     "DROP INDEX leases_state",
 )
 
+_V5 = (
+    # retention (CONTRACT.md "Retention"): the stream second of a request's final decision
+    # and of a lease's release, from which the fold counts before evicting them
+    "ALTER TABLE decisions ADD COLUMN final_at INTEGER",
+    "ALTER TABLE leases ADD COLUMN released_at INTEGER",
+    # a final decision's second is in its payload; a release's is not recorded anywhere,
+    # so leases released before this version count from the upgrade
+    """UPDATE decisions SET final_at = CAST(strftime('%s',
+        substr(json_extract(CAST(payload AS TEXT), '$.decided_at'), 1, 19)) AS INTEGER)
+       WHERE phase = 'final'""",
+    """UPDATE leases SET released_at = CAST(strftime('%s', 'now') AS INTEGER)
+       WHERE state = 'released'""",
+    # the journal's stream second per row, for --journal-retention; rows written before
+    # this version get the time of the upgrade, so they are kept a full retention more
+    "ALTER TABLE journal ADD COLUMN at INTEGER NOT NULL DEFAULT 0",
+    "DROP TRIGGER journal_no_update",
+    "UPDATE journal SET at = CAST(strftime('%s', 'now') AS INTEGER)",
+    """CREATE TRIGGER journal_no_update BEFORE UPDATE ON journal
+       BEGIN SELECT RAISE(ABORT, 'the journal is append-only'); END""",
+    # rows older than this (epoch seconds) were pruned; 0: nothing ever was
+    "ALTER TABLE position ADD COLUMN journal_pruned_before INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE position ADD COLUMN journal_pruned_rows INTEGER NOT NULL DEFAULT 0",
+    # still append-only, except that retention may delete rows older than the pruned mark
+    # it has recorded first
+    "DROP TRIGGER journal_no_delete",
+    """CREATE TRIGGER journal_no_delete BEFORE DELETE ON journal
+       WHEN old.at >= (SELECT journal_pruned_before FROM position WHERE id = 1)
+       BEGIN SELECT RAISE(ABORT, 'the journal is append-only (only retention prunes it)'); END""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "entities, journal, outbox, position", _V1),
     Migration(2, "audit indexes; append-only journal triggers", _V2),
     Migration(3, "published position of the outbox", _V3),
     Migration(4, "outbox by batch; fewer lease indexes", _V4),
+    Migration(5, "retention: decision and release times, journal time and pruning", _V5),
 )
 
 #: the schema version this code writes

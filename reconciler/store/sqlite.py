@@ -51,6 +51,7 @@ from reconciler.store.migrations import schema_version as read_schema_version
 from reconciler.store.outbox import pack_outputs, unpack_outputs
 from reconciler.store.transactions import (
     INSERT_OUTBOX,
+    PRUNE_JOURNAL,
     mark_published,
     scalar,
     transaction,
@@ -74,17 +75,18 @@ _UPSERT_NAMED = (
 )
 _DELETE_NAMED = "DELETE FROM {table} WHERE name = ?"
 _UPSERT_LEASE = (
-    "INSERT INTO leases (lease_id, instance, host, pool, state, job, data) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (lease_id) DO UPDATE SET "
+    "INSERT INTO leases (lease_id, instance, host, pool, state, job, data, released_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (lease_id) DO UPDATE SET "
     "instance = excluded.instance, host = excluded.host, pool = excluded.pool, "
-    "state = excluded.state, job = excluded.job, data = excluded.data"
+    "state = excluded.state, job = excluded.job, data = excluded.data, "
+    "released_at = excluded.released_at"
 )
 _DELETE_LEASE = "DELETE FROM leases WHERE lease_id = ?"
 _UPSERT_DECISION = (
-    "INSERT INTO decisions (request_id, verb, phase, msg_id, payload, lease_id) "
-    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO UPDATE SET "
+    "INSERT INTO decisions (request_id, verb, phase, msg_id, payload, lease_id, final_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO UPDATE SET "
     "verb = excluded.verb, phase = excluded.phase, msg_id = excluded.msg_id, "
-    "payload = excluded.payload, lease_id = excluded.lease_id"
+    "payload = excluded.payload, lease_id = excluded.lease_id, final_at = excluded.final_at"
 )
 _DELETE_DECISION = "DELETE FROM decisions WHERE request_id = ?"
 _UPSERT_JOB = (
@@ -92,11 +94,11 @@ _UPSERT_JOB = (
     "ON CONFLICT (job) DO UPDATE SET lease_id = excluded.lease_id"
 )
 _DELETE_JOB = "DELETE FROM jobs WHERE job = ?"
-_CLEAR_JOBS = "DELETE FROM jobs"
 _INSERT_JOURNAL = (
-    "INSERT INTO journal (input_seq, lease_id, event, from_state, to_state) VALUES (?, ?, ?, ?, ?)"
+    "INSERT INTO journal (input_seq, lease_id, event, from_state, to_state, at) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
 )
-_DECISION_COLUMNS = "request_id, verb, phase, msg_id, payload, lease_id"
+_DECISION_COLUMNS = "request_id, verb, phase, msg_id, payload, lease_id, final_at"
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +139,8 @@ class Batch:
     applied_seq: int
     #: (constant statement, parameter rows) in write order
     writes: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...]
+    #: the latest stream second of its journal rows (0: none), for journal retention
+    journal_at: int = 0
 
 
 def encode_batch(
@@ -183,6 +187,7 @@ def encode_batch(
                 lease.state.value,
                 lease.job,
                 _json(lease, "leases", lease_id),
+                state.released_at.get(lease_id),
             )
         )
         if lease.job is not None:
@@ -191,19 +196,16 @@ def encode_batch(
     add(_DELETE_LEASE, gone)
 
     # Jobs by diff. A job is bound in the fold only together with a lease that carries
-    # it and is touched in the same step, and a binding never changes afterwards; so
-    # the jobs of the touched leases cover every binding this batch can have made or
-    # unmade (O(batch), not O(all jobs)): their rows are rewritten from the state, or
-    # deleted when unbound. A deleted lease no longer tells its job: then (never in
-    # today's fold) the whole table is rewritten from the state.
-    if gone:
-        add(_CLEAR_JOBS, [()])
-        add(_UPSERT_JOB, sorted(state.jobs.items()))
-    else:
-        bound = [(job, state.jobs[job]) for job in sorted(jobs) if job in state.jobs]
-        unbound = [(job,) for job in sorted(jobs) if job not in state.jobs]
-        add(_UPSERT_JOB, bound)
-        add(_DELETE_JOB, unbound)
+    # it and is touched in the same step, and a binding never changes afterwards; it is
+    # unbound only when retention evicts its lease, which names the job in ``fx.jobs``.
+    # So the jobs of the touched leases and ``fx.jobs`` cover every binding this batch
+    # can have made or unmade (O(batch), not O(all jobs)): their rows are rewritten from
+    # the state, or deleted when unbound.
+    jobs |= fx.jobs
+    bound = [(job, state.jobs[job]) for job in sorted(jobs) if job in state.jobs]
+    unbound = [(job,) for job in sorted(jobs) if job not in state.jobs]
+    add(_UPSERT_JOB, bound)
+    add(_DELETE_JOB, unbound)
 
     decisions: list[tuple[Any, ...]] = []
     undecided: list[tuple[Any, ...]] = []
@@ -220,6 +222,7 @@ def encode_batch(
                     record.msg_id,
                     record.payload,
                     record.lease_id,
+                    record.final_at,
                 )
             )
     add(_UPSERT_DECISION, decisions)
@@ -227,22 +230,27 @@ def encode_batch(
 
     add(
         _INSERT_JOURNAL,
-        [(t.input_seq, t.lease_id, t.event, t.from_state, t.to_state) for t in fx.transitions],
+        [
+            (t.input_seq, t.lease_id, t.event, t.from_state, t.to_state, t.at)
+            for t in fx.transitions
+        ],
     )
     outputs = [(o.subject, o.msg_id, o.payload) for o in (*fx.outputs, *extra_outputs)]
     if outputs:
         add(INSERT_OUTBOX, [(applied_seq, pack_outputs(outputs))])
-    return Batch(applied_seq=applied_seq, writes=tuple(writes))
+    journal_at = max((t.at for t in fx.transitions), default=0)
+    return Batch(applied_seq=applied_seq, writes=tuple(writes), journal_at=journal_at)
 
 
 def _decision(row: Sequence[Any]) -> DecisionRecord:
-    request_id, verb, phase, _msg_id, payload, lease_id = row
+    request_id, verb, phase, _msg_id, payload, lease_id, final_at = row
     return DecisionRecord(
         request_id=RequestId(request_id),
         verb=verb,
         phase=phase,
         payload=bytes(payload),
         lease_id=LeaseId(lease_id) if lease_id is not None else None,
+        final_at=int(final_at) if final_at is not None else None,
     )
 
 
@@ -254,13 +262,23 @@ class Store(Database):
     # ---------------------------------------------------------------- lifetime
 
     @classmethod
-    async def open(cls, path: str | Path, *, writer_process: bool = False) -> Store:
+    async def open(
+        cls,
+        path: str | Path,
+        *,
+        writer_process: bool = False,
+        journal_retention_s: int | None = None,
+    ) -> Store:
         """Open (creating if needed) and migrate the database at ``path``.
 
         With ``writer_process``, commits and outbox marks run in a child process
         (:mod:`reconciler.store.writer`), off this process's GIL; reads stay here. The
         open returns once that writer holds the database (a writer of a previous
         replica has finished). Needs a file, not ``:memory:``.
+
+        With ``journal_retention_s``, every write also prunes the lease journal of rows
+        that much stream time older than the batch (see
+        :func:`~reconciler.store.transactions.prune_journal`); without, it keeps all.
 
         Raises :class:`SchemaTooNew` for a database of a newer reconciler, and
         :class:`StoreError` for anything that is not a usable database.
@@ -286,6 +304,7 @@ class Store(Database):
                 raise StoreError(f"cannot open store {path}: {exc}") from exc
             raise
         store = cls(conn, path)
+        store.journal_retention_s = journal_retention_s
         if writer_process:
             try:
                 # this connection only reads now: the writer keeps the write-side cache
@@ -329,6 +348,8 @@ class Store(Database):
     def __init__(self, conn: aiosqlite.Connection, path: Path) -> None:
         super().__init__(conn, path)
         self._writer: WriterProcess | None = None
+        #: see :meth:`open`
+        self.journal_retention_s: int | None = None
 
     @property
     def writer_pid(self) -> int | None:
@@ -366,6 +387,8 @@ class Store(Database):
         # ~16 MiB of WAL, not every 4 MiB.
         await conn.execute("PRAGMA cache_size = -8192")
         await conn.execute("PRAGMA wal_autocheckpoint = 4000")
+        # the WAL would keep the size of its largest burst: truncated back after a reset
+        await conn.execute("PRAGMA journal_size_limit = 16777216")
 
     # ------------------------------------------------------------------ writes
 
@@ -397,10 +420,15 @@ class Store(Database):
         writes no outbox row: its outputs are already on the bus, and publishing them
         again after the bus's duplicate window would double them.
         """
+        writes = batch.writes
+        retention = self.journal_retention_s
+        if retention is not None and batch.journal_at > 0:
+            slack = max(1, min(3600, retention // 100))
+            writes = (*writes, (PRUNE_JOURNAL, ((batch.journal_at - retention, slack),)))
         if self._writer is not None:
-            return await self._writer.write(batch.applied_seq, batch.writes)
+            return await self._writer.write(batch.applied_seq, writes)
         return await self.call(
-            lambda conn: write_batch(conn, batch.applied_seq, batch.writes),
+            lambda conn: write_batch(conn, batch.applied_seq, writes),
             f"commit up to seq {batch.applied_seq}",
         )
 
@@ -446,21 +474,27 @@ class Store(Database):
         async with self.using("read schema version") as conn:
             return await read_schema_version(conn)
 
-    async def load_state(self) -> State:
-        """The state as committed, derived indexes rebuilt (``State.reindex``)."""
+    async def load_state(self, *, decision_retention_s: int | None = None) -> State:
+        """The state as committed, derived indexes rebuilt (``State.reindex``), to be
+        folded on with ``decision_retention_s`` (see ``State``)."""
         async with self.using("load state") as conn:
             # one read transaction: a consistent snapshot even with other writers
             await conn.execute("BEGIN")
             try:
-                state = State(applied_seq=await self._applied_seq(conn))
+                state = State(
+                    applied_seq=await self._applied_seq(conn),
+                    decision_retention_s=decision_retention_s,
+                )
                 for attr, _, table, cls in _NAMED:
                     target: dict[Any, Any] = getattr(state, attr)
                     sql = f"SELECT name, data FROM {table} ORDER BY name"
                     for name, data in await conn.execute_fetchall(sql):
                         target[name] = _decode(cls, data, table, name)
-                sql = "SELECT lease_id, data FROM leases ORDER BY lease_id"
-                for lease_id, data in await conn.execute_fetchall(sql):
+                sql = "SELECT lease_id, data, released_at FROM leases ORDER BY lease_id"
+                for lease_id, data, released_at in await conn.execute_fetchall(sql):
                     state.leases[LeaseId(lease_id)] = _decode(Lease, data, "leases", lease_id)
+                    if released_at is not None:
+                        state.released_at[LeaseId(lease_id)] = int(released_at)
                 sql = f"SELECT {_DECISION_COLUMNS} FROM decisions ORDER BY request_id"
                 for row in await conn.execute_fetchall(sql):
                     record = _decision(row)
@@ -500,6 +534,20 @@ class Store(Database):
             )
 
         return await self.call(read, "read outbox")
+
+    async def journal_pruned(self) -> tuple[int, int]:
+        """``(before, rows)``: journal rows of stream time before second ``before`` were
+        pruned by ``--journal-retention``, ``rows`` of them in all; ``(0, 0)`` if none."""
+        async with (
+            self.using("read journal pruning") as conn,
+            conn.execute(
+                "SELECT journal_pruned_before, journal_pruned_rows FROM position WHERE id = 1"
+            ) as cur,
+        ):
+            row = await cur.fetchone()
+        if row is None:
+            raise StoreError("the position row is missing")
+        return int(row[0]), int(row[1])
 
     async def lease_history(self, lease_id: str) -> list[dict[str, Any]]:
         """The journal of one lease, in order: ``input_seq, event, from_state, to_state``."""

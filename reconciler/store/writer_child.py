@@ -55,10 +55,17 @@ def _reply(stream: IO[bytes], message: tuple[Any, ...]) -> None:
     stream.flush()
 
 
+#: bytes the WAL file is truncated to when a checkpoint resets it
+WAL_SIZE_LIMIT = 16 * 1024 * 1024
+
+
 def _connect(path: str) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA busy_timeout = 5000")
     conn.execute("PRAGMA synchronous = NORMAL")
+    # the WAL file keeps the size of its largest burst otherwise: a service that runs
+    # for years gets it back to this after each checkpoint that resets it
+    conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
     return conn
 
 
