@@ -55,6 +55,7 @@ from reconciler.incus.errors import (
     InstanceNameTaken,
     InstanceTypeUnsupported,
     OperationFailed,
+    OperationLost,
     OperationTimedOut,
 )
 from reconciler.incus.simulator import Fleet, Listen, SimulatorThread, default_fleet
@@ -193,6 +194,12 @@ def test_refused_creates_are_never_retried(refusal: OperationFailed) -> None:
     failure = classify(refusal)
 
     assert (failure.retry, failure.reason) == (Retry.NEVER, "refused")
+
+
+def test_an_operation_gone_before_its_end_was_seen_is_tried_again() -> None:
+    lost = OperationLost("h", "operation 1234 is gone; its outcome is unknown")
+
+    assert (classify(lost).retry, classify(lost).reason) == (Retry.LIMITED, "operation-lost")
 
 
 def test_a_name_taken_inside_the_operation_is_never_retried() -> None:

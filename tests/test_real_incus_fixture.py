@@ -32,11 +32,3 @@ def test_a_container_of_the_test_image_signals_ready_at_boot(real_incus: RealInc
             break
         time.sleep(0.05)
     assert status == "Ready"
-
-
-def test_clean_leaves_no_instance(real_incus: RealIncus) -> None:
-    real_incus.launch("fixture-clean")
-
-    real_incus.clean()
-
-    assert real_incus.instances() == []

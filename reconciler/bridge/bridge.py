@@ -20,9 +20,19 @@ Rules:
 - Revisions only grow, across restarts too: a host's next revision is one more than the
   last one of its kind on the stream (read at start), and at least the wall clock in
   milliseconds.
+- **Lossless while connected.** An event that reached the bridge is published until the
+  stream stored it: a failed publish (NATS down, slow, restarting) is retried with
+  backoff, never dropped, and never ends the event session (Incus keeps no history, so
+  a reconnect would lose whatever it emitted meanwhile). While a publish waits, later
+  events wait behind it in the stream's bounded buffer (backpressure, in order).
+- A failed snapshot or inventory (Incus busy, NATS trouble) is logged and tried again
+  later; it does not end the event session either. The event session ends only when
+  the event stream itself is lost.
 - A lost event stream (Incus restarted, the network, a silent socket) is reconnected
-  with a backoff that doubles from ``backoff_s`` to ``max_backoff_s``; every failure is
-  logged with its cause, none stops the bridge or its other hosts.
+  with a backoff that doubles from ``backoff_s`` to ``max_backoff_s`` while connecting
+  keeps failing, and starts again from ``backoff_s`` once a connection was made; every
+  failure is logged with its cause, none stops the bridge or its other hosts. After a
+  reconnection a fresh snapshot and inventory cover what was missed.
 - Lifecycle events carry a ``Nats-Msg-Id`` derived from their content, so a publish
   retried after a NATS hiccup is stored once.
 """
@@ -31,7 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,6 +158,7 @@ class HostBridge:
         self._inventory_due = anyio.Event()
         self.connections = 0
         self.published = {"lifecycle": 0, "snapshot": 0, "inventory": 0}
+        self.publish_retries = 0
         self._log = logger.bind(host=self.host)
 
     def subject(self, kind: str) -> str:
@@ -157,15 +168,15 @@ class HostBridge:
         """Watch the host until cancelled, reconnecting with backoff."""
         delay = self.backoff_s
         while True:
+            connections = self.connections
             try:
                 await self._connected_session()
             except (EventStreamLost, IncusError) as exc:
                 self._log.warning("bridge.incus_lost", error=str(exc), retry_in_s=delay)
             except Exception as exc:  # NATS trouble, a bug: log it, keep the host watched
                 self._log.exception("bridge.failed", error=repr(exc), retry_in_s=delay)
-            else:
+            if self.connections > connections:  # it was connected: this loss is a new one
                 delay = self.backoff_s
-                continue
             await anyio.sleep(delay)
             delay = min(delay * 2, self.max_backoff_s)
 
@@ -176,14 +187,36 @@ class HostBridge:
             self._uid = (await self.incus.server_info()).uid  # a reinstalled host is another
             self.connections += 1
             self._log.info("bridge.connected", connections=self.connections)
-            await self.publish_snapshot(force=True)
-            await self.publish_inventory()
             async with anyio.create_task_group() as tg:
+                tg.start_soon(self._catch_up)
                 tg.start_soon(self._resync)
                 tg.start_soon(self._inventory_soon)
                 async for event in events:
                     await self.publish_lifecycle(event)
                 tg.cancel_scope.cancel()
+
+    async def _catch_up(self) -> None:
+        """After (re)connecting: a snapshot and an inventory, until both are published."""
+        delay = self.backoff_s
+        while not await self._attempt("catch-up", self._publish_state):
+            await anyio.sleep(delay)
+            delay = min(delay * 2, self.max_backoff_s)
+
+    async def _publish_state(self) -> None:
+        await self.publish_snapshot(force=True)
+        await self.publish_inventory()
+
+    async def _attempt(self, what: str, publish: Callable[[], Awaitable[None]]) -> bool:
+        """Run ``publish``; a failure is logged (the caller tries again later)."""
+        try:
+            await publish()
+        except IncusError as exc:
+            self._log.warning("bridge.publish_failed", what=what, error=str(exc))
+        except Exception as exc:  # NATS trouble: the event stream is unaffected
+            self._log.warning("bridge.publish_failed", what=what, error=repr(exc))
+        else:
+            return True
+        return False
 
     async def _seed_revisions(self) -> None:
         for kind in ("snapshot", "inventory"):
@@ -201,15 +234,16 @@ class HostBridge:
     async def _resync(self) -> None:
         while True:
             await anyio.sleep(self.resync_s)
-            await self.publish_snapshot()
-            await self.publish_inventory()
+            await self._attempt("snapshot", self.publish_snapshot)
+            await self._attempt("inventory", self.publish_inventory)
 
     async def _inventory_soon(self) -> None:
         while True:
             await self._inventory_due.wait()
             await anyio.sleep(self.inventory_delay_s)  # let a burst of events settle
             self._inventory_due = anyio.Event()
-            await self.publish_inventory()
+            if not await self._attempt("inventory", self.publish_inventory):
+                self._inventory_due.set()  # still owed: again after the delay
 
     # -------------------------------------------------------------- publishing
 
@@ -220,9 +254,19 @@ class HostBridge:
             return
         body = orjson.dumps({"v": 1, "host": self.host, "event": event})
         digest = hashlib.sha256(body).hexdigest()[:32]
-        await self.js.publish(
-            self.subject("lifecycle"), body, headers={"Nats-Msg-Id": f"lifecycle:{digest}"}
-        )
+        headers = {"Nats-Msg-Id": f"lifecycle:{digest}"}
+        delay = self.backoff_s
+        while True:  # until stored: the same id makes a retry after a lost ack harmless
+            try:
+                await self.js.publish(self.subject("lifecycle"), body, headers=headers)
+                break
+            except Exception as exc:  # NATS down, slow or restarting
+                self.publish_retries += 1
+                self._log.warning(
+                    "bridge.lifecycle_retry", action=action, error=repr(exc), retry_in_s=delay
+                )
+            await anyio.sleep(delay)
+            delay = min(delay * 2, self.max_backoff_s)
         self.published["lifecycle"] += 1
         self._log.debug("bridge.lifecycle", action=action, instance=metadata.get("name"))
         if action in _INVENTORY_SOON:

@@ -292,13 +292,19 @@ def status(db: Path, as_json: bool, log_format: str, log_level: str) -> None:
 )
 @click.option("--quiet", is_flag=True, help="Print only the summary.")
 @click.option(
+    "--incus-real",
+    is_flag=True,
+    help="Run the story on a private, real local Incus (containers; needs root, "
+    "incus-base, busybox-static and gcc) instead of the simulator.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(LOG_LEVELS, case_sensitive=False),
     default="error",
     show_default=True,
     help="Least severe level of the replica's logs.",
 )
-def demo(db: Path, nats_url: str | None, quiet: bool, log_level: str) -> None:
+def demo(db: Path, nats_url: str | None, quiet: bool, incus_real: bool, log_level: str) -> None:
     """Drive a scripted fleet through a local reconciler over NATS, and summarise.
 
     Starts a nats-server (unless --nats-url), runs a replica into --db, publishes hosts,
@@ -307,9 +313,11 @@ def demo(db: Path, nats_url: str | None, quiet: bool, log_level: str) -> None:
     """
     configure_logging(fmt="text", level=log_level)
     from reconciler.cli.demo import run_demo  # the simulator, pylxd: only for the demo
+    from reconciler.cli.demo_real import run_real_demo
 
+    story = run_real_demo if incus_real else run_demo
     try:
-        summary = anyio.run(lambda: run_demo(db, nats_url=nats_url, echo=not quiet))
+        summary = anyio.run(lambda: story(db, nats_url=nats_url, echo=not quiet))
     except NatsServerNotFound as exc:
         raise click.ClickException(str(exc)) from exc
     outcomes: dict[str, int] = {}

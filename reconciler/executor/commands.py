@@ -45,6 +45,7 @@ from reconciler.incus.errors import (
     InstanceNameTaken,
     InstanceRunning,
     OperationFailed,
+    OperationLost,
     OperationTimedOut,
 )
 from reconciler.incus.views import InstanceSpec
@@ -322,6 +323,8 @@ def classify(exc: IncusError) -> Failure:
         return Failure(retry=Retry.FOREVER, reason="unavailable", error=error)
     if isinstance(exc, OperationTimedOut):
         return Failure(retry=Retry.FOREVER, reason="timed-out", error=error)
+    if isinstance(exc, OperationLost):  # the next attempt looks at the instance again
+        return Failure(retry=Retry.LIMITED, reason="operation-lost", error=error)
     if isinstance(exc, InstanceNameTaken):
         return Failure(retry=Retry.NEVER, reason="name-taken", error=error)
     if isinstance(exc, CreateRefused):

@@ -51,6 +51,7 @@ from reconciler.incus.errors import (
     InstanceTypeUnsupported,
     NotFound,
     OperationFailed,
+    OperationLost,
     OperationTimedOut,
 )
 from reconciler.incus.events import LifecycleStream, open_lifecycle_stream
@@ -370,6 +371,10 @@ class IncusHost:
                     params={"timeout": slice_s}, timeout=slice_s + self.request_timeout_s
                 )
             except pylxd_errors.LXDAPIException as exc:
+                if int(getattr(exc.response, "status_code", 0)) == 404:
+                    raise OperationLost(
+                        self.name, f"operation {op_id} is gone; its outcome is unknown"
+                    ) from exc
                 failed = _failed_wait(exc.response)
                 if failed is None:
                     raise

@@ -36,6 +36,7 @@ __all__ = [
     "InstanceTypeUnsupported",
     "NotFound",
     "OperationFailed",
+    "OperationLost",
     "OperationTimedOut",
 ]
 
@@ -111,6 +112,11 @@ class ImageNotFound(CreateRefused):
 
 class InstanceNameTaken(CreateRefused):
     """Another instance has the name (6.0: "UNIQUE constraint failed: instances…")."""
+
+
+class OperationLost(IncusError):
+    """The operation was gone before its end was seen (Incus forgets finished operations
+    after a few seconds): its outcome is unknown, so look at the instance again."""
 
 
 class OperationTimedOut(IncusError):

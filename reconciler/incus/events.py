@@ -12,6 +12,11 @@ Rules:
   that are not ``lifecycle`` are dropped.
 - **Backpressure, not loss.** The ws4py thread hands events to the loop through a bounded
   anyio stream and blocks when the consumer lags; nothing is dropped inside the adapter.
+- **Nothing read with the handshake is lost.** ws4py reads the upgrade response in
+  128-byte pieces and parses whatever came after it at once, before the stream to the
+  loop exists (Incus 6.0 sends a ``keepalive`` ping right after the upgrade, so that
+  piece usually holds a frame). Those bytes are kept in ws4py's own read buffer instead
+  and parsed by the reading thread, like every later frame.
 - **A lost stream is loud.** When the server closes, the connection breaks, or nothing
   at all (not even a ping, which Incus sends every 10 s) arrives for ``idle_timeout_s``,
   iteration raises :class:`~reconciler.incus.errors.EventStreamLost`; the caller
@@ -51,9 +56,20 @@ class _EventSocket(WebSocketBaseClient):  # type: ignore[misc]
         self.last_activity = time.monotonic()
         self.send_stream: MemoryObjectSendStream[Event] | None = None
         self.close_code: int | None = None
+        self._handshaking = False
+
+    def connect(self) -> None:
+        self._handshaking = True
+        try:
+            super().connect()
+        finally:
+            self._handshaking = False
 
     def process(self, data: bytes) -> bool:
         self.last_activity = time.monotonic()
+        if self._handshaking:  # bytes after the upgrade response: for the reading thread
+            self.buf += data
+            return True
         return bool(super().process(data))
 
     def received_message(self, message: Any) -> None:
