@@ -154,3 +154,10 @@ def test_provision_creates_streams_bucket_and_executor_consumers(nats_url: str) 
             await nc.close()
 
     anyio.run(check)
+
+
+def test_connect_options_never_show_the_password_in_their_repr() -> None:
+    from reconciler.bus.connection import ConnectOptions
+
+    opts = ConnectOptions(user="bridge", password="s3cret-hunter2")
+    assert "s3cret-hunter2" not in repr(opts) and "bridge" in repr(opts)

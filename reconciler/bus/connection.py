@@ -31,7 +31,7 @@ import importlib.util
 import math
 import re
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import anyio
@@ -57,12 +57,13 @@ def parse_urls(value: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True, kw_only=True)
 class ConnectOptions:
-    """How to reach NATS; mirrors the common command-line options of CONTRACT.md."""
+    """How to reach NATS; mirrors the common command-line options (docs/cli.md). The
+    password is left out of ``repr``, so logging these options cannot leak it."""
 
     urls: tuple[str, ...] = (DEFAULT_NATS_URL,)
     creds_file: str | None = None
     user: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     tls_ca_file: str | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
