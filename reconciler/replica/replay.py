@@ -101,6 +101,10 @@ async def replay(
             await nc.close()
 
 
+#: how long reading the OUT stream may go without a message before the rest is missing
+COMPARE_STALL_S = 30.0
+
+
 async def replay_into(
     nc: Client,
     *,
@@ -222,11 +226,18 @@ async def _compare(
         )
         try:
             seq = 0
+            stalled = 0.0  # seconds without a message: a busy or failing-over cluster
             while seq < out_last:
                 try:
                     msgs = await sub.fetch(1000, timeout=2.0)
                 except (TimeoutError, NatsTimeoutError):
-                    break
+                    # the stream has up to out_last: what is not here yet is slow, not
+                    # missing (giving up at once reported it as divergences)
+                    stalled += 2.0
+                    if stalled >= COMPARE_STALL_S:
+                        break
+                    continue
+                stalled = 0.0
                 for msg in msgs:
                     seq = msg.metadata.sequence.stream
                     if seq > out_last:
