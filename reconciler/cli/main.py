@@ -128,6 +128,7 @@ def run(**kwargs: Any) -> None:
             leader_ttl_s=kwargs["leader_ttl"],
             metrics_addr=kwargs["metrics_addr"],
             freeze_loaded_state=kwargs["gc_threshold"] > 0,
+            snapshot_interval_s=kwargs["snapshot_interval"],
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
@@ -159,13 +160,23 @@ def run(**kwargs: Any) -> None:
 @click.option(
     "--show", type=click.IntRange(min=0), default=20, show_default=True, help="Divergences shown."
 )
+@click.option(
+    "--from-snapshot",
+    is_flag=True,
+    help="Start from a snapshot even when the stream still starts at seq 1 (always done "
+    "when its oldest inputs aged out).",
+)
 @log_options
-def replay_command(db: Path | None, as_json: bool, show: int, **kwargs: Any) -> None:
+def replay_command(
+    db: Path | None, as_json: bool, show: int, from_snapshot: bool, **kwargs: Any
+) -> None:
     """Fold the input stream into a fresh database and compare every decision with the
     output stream. Prints a digest of the state; exits 1 on any divergence."""
     common = common_from(kwargs, name="reconciler-replay")
     try:
-        report = anyio.run(lambda: replay(common.nats, prefix=common.prefix, db=db))
+        report = anyio.run(
+            lambda: replay(common.nats, prefix=common.prefix, db=db, from_snapshot=from_snapshot)
+        )
     except (ReplayError, StoreError) as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
@@ -181,6 +192,8 @@ def replay_command(db: Path | None, as_json: bool, show: int, **kwargs: Any) -> 
                     "compared": report.compared,
                     "divergences": len(report.divergences),
                     "digest": report.digest,
+                    "snapshot_seq": report.snapshot_seq,
+                    "snapshot_digest": report.snapshot_digest,
                     "details": [
                         {
                             "kind": d.kind,
@@ -195,6 +208,11 @@ def replay_command(db: Path | None, as_json: bool, show: int, **kwargs: Any) -> 
             )
         )
     else:
+        if report.snapshot_seq:
+            click.echo(
+                f"started from the snapshot at seq {report.snapshot_seq} "
+                f"(digest {report.snapshot_digest}): decisions before it are not compared"
+            )
         click.echo(
             f"replayed inputs {report.first_seq}..{report.last_seq}: {report.inputs} folded "
             f"({report.dead_letters} dead-lettered), {report.outputs} outputs, "

@@ -49,12 +49,14 @@ from reconciler.replica.caches import Caches
 from reconciler.replica.leader import LeaderElection, Leadership
 from reconciler.replica.outbox import OutboxPublisher
 from reconciler.replica.queries import QueryResponder
+from reconciler.replica.snapshots import SnapshotBucket, SnapshotPublisher, restore_newest
 from reconciler.replica.status import StatusReporter
 from reconciler.replica.topup import WarmPoolReconciler
 from reconciler.replica.verify import IncusPresence, SuspectVerifier
 from reconciler.store.sqlite import Store
 
 if TYPE_CHECKING:
+    from reconciler.core.state import State
     from reconciler.incus.client import IncusHost
     from reconciler.replica.metrics import MetricsServer
 
@@ -101,12 +103,18 @@ class RunConfig:
     freeze_loaded_state: bool = False
     #: the Incus hosts the leader may ask about suspect leases (live GETs)
     incus: tuple[IncusEndpoint, ...] = ()
+    #: the leader snapshots the state this often (0: never); a replica with an empty
+    #: store starts from the newest snapshot (``reconciler.replica.snapshots``)
+    snapshot_interval_s: float = 3600.0
+    snapshot_keep: int = 3
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", self.replica):
             raise ValueError(f"replica name must be 1-64 of [A-Za-z0-9_-], not {self.replica!r}")
         if self.workers < 1 or self.batch < 1:
             raise ValueError("workers and batch must be >= 1")
+        if self.snapshot_interval_s < 0 or self.snapshot_keep < 1:
+            raise ValueError("snapshot_interval_s must be >= 0 and snapshot_keep >= 1")
         for name in (
             "status_debounce_s",
             "status_progress_interval_s",
@@ -175,6 +183,8 @@ class Replica:
     ) -> None:
         cfg = self.config
         state = await store.load_state()
+        if state.applied_seq == 0:
+            state = await self._start_from_snapshot(js, store) or state
         if cfg.freeze_loaded_state:
             # the loaded state's objects form no cycles (refcounting frees what the fold
             # replaces), so freezing them costs nothing but the scans it saves; what is
@@ -240,6 +250,17 @@ class Replica:
                     await self.metrics.stop()
             self._log.info("replica.stopped", applied_seq=caches.committed_seq)
 
+    async def _start_from_snapshot(self, js: JetStreamContext, store: Store) -> State | None:
+        """An empty store starts from the newest snapshot, if there is one."""
+        info = await js.stream_info(self.names.in_stream)
+        last = int(info.state.last_seq or 0)
+        if last == 0:
+            return None
+        snapshot = await restore_newest(
+            SnapshotBucket(js, self.config.prefix), store, stream_last=last
+        )
+        return snapshot.state if snapshot is not None else None
+
     # ---------------------------------------------------------------- leader
 
     async def _lead(self, leadership: Leadership) -> None:
@@ -272,6 +293,12 @@ class Replica:
             workers=cfg.workers,
             interval_s=cfg.status_progress_interval_s,
         )
+        snapshots = SnapshotPublisher(
+            store=store,
+            bucket=SnapshotBucket(js, cfg.prefix),
+            interval_s=cfg.snapshot_interval_s,
+            keep=cfg.snapshot_keep,
+        )
         self._publisher, self._reporter = publisher, reporter
         caches.add_listener(publisher.notify)
         try:
@@ -286,6 +313,8 @@ class Replica:
                 tg.start_soon(reporter.run, name="status")
                 tg.start_soon(warm.run, name="warm-pools")
                 tg.start_soon(verifier.run, name="verify")
+                if cfg.snapshot_interval_s > 0:
+                    tg.start_soon(snapshots.run, name="snapshots")
                 self.leader_ready = True
                 self._log.info("leader.ready", published_seq=leadership.published_seq)
         finally:

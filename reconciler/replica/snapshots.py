@@ -1,0 +1,235 @@
+"""Snapshots on the bus: the leader publishes them, a new replica and a replay start from one.
+
+Rules (issue 15, "Snapshots"; the format is :mod:`reconciler.store.snapshot`):
+
+- Snapshots live in the JetStream object store ``<prefix>_snapshots``, one object per
+  snapshot, named ``state-<applied_seq>`` (zero-padded, so names sort by position).
+  The newest ``keep`` are kept; older ones are deleted by the leader after each put.
+- The leader (:class:`SnapshotPublisher`) takes one every ``interval_s`` once the
+  position has moved since the last one. The bytes are read from the store on its thread
+  in one read transaction (never from the live state on the event loop), then put in
+  the bucket. A failure is logged and tried again at the next interval: snapshots are
+  an optimisation, never a reason to stop deciding.
+- A replica whose store is empty (position 0) starts from the newest snapshot at or
+  before the stream's last sequence (:func:`restore_newest`): it is fetched, its digest
+  verified (a mismatch is refused, logged, and the next older one is tried), and written
+  into the store in one transaction; the consumer then starts after its position.
+- A replay picks the oldest snapshot from which the stored stream continues without a
+  gap (:func:`snapshot_for_replay`), so it compares as many decisions as the stream
+  still holds.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+
+import anyio
+import structlog
+from nats.js import JetStreamContext, api
+from nats.js.errors import NotFoundError
+from nats.js.object_store import ObjectStore
+
+from reconciler.store.snapshot import (
+    DecodedSnapshot,
+    Snapshot,
+    SnapshotError,
+    decode_snapshot,
+    read_snapshot,
+    restore_batch,
+)
+from reconciler.store.sqlite import Store
+
+__all__ = [
+    "SnapshotBucket",
+    "SnapshotPublisher",
+    "bucket_name",
+    "restore_newest",
+    "snapshot_for_replay",
+]
+
+logger = structlog.get_logger(__name__)
+
+_NAME = re.compile(r"state-(\d{16})")
+
+
+def bucket_name(prefix: str) -> str:
+    """The object store of a prefix's snapshots."""
+    return f"{prefix}_snapshots"
+
+
+def object_name(applied_seq: int) -> str:
+    return f"state-{applied_seq:016d}"
+
+
+class SnapshotBucket:
+    """The snapshots of one prefix (the object store is created on first put)."""
+
+    def __init__(self, js: JetStreamContext, prefix: str) -> None:
+        self.js = js
+        self.name = bucket_name(prefix)
+        self._store: ObjectStore | None = None
+
+    async def _open(self, *, create: bool) -> ObjectStore | None:
+        if self._store is None:
+            try:
+                self._store = await self.js.object_store(self.name)
+            except NotFoundError:
+                if not create:
+                    return None
+                self._store = await self.js.create_object_store(
+                    self.name,
+                    config=api.ObjectStoreConfig(
+                        description="reconciler state snapshots (reconciler.store.snapshot)"
+                    ),
+                )
+        return self._store
+
+    async def positions(self) -> list[int]:
+        """The applied sequences of the stored snapshots, oldest first."""
+        store = await self._open(create=False)
+        if store is None:
+            return []
+        try:
+            infos = await store.list(ignore_deletes=True)
+        except NotFoundError:
+            return []
+        found = []
+        for info in infos:
+            match = _NAME.fullmatch(info.name or "")
+            if match and not info.deleted:
+                found.append(int(match.group(1)))
+        return sorted(found)
+
+    async def fetch(self, applied_seq: int) -> DecodedSnapshot:
+        """The snapshot at ``applied_seq``, verified (:class:`SnapshotError` if not)."""
+        store = await self._open(create=False)
+        if store is None:
+            raise SnapshotError(f"no bucket {self.name}")
+        sink = io.BytesIO()
+        await store.get(object_name(applied_seq), writeinto=sink)
+        decoded = decode_snapshot(sink.getvalue())
+        if decoded.state.applied_seq != applied_seq:
+            raise SnapshotError(
+                f"snapshot {object_name(applied_seq)} says it is at seq {decoded.state.applied_seq}"
+            )
+        return decoded
+
+    async def put(self, snapshot: Snapshot) -> None:
+        store = await self._open(create=True)
+        assert store is not None
+        meta = api.ObjectMeta(
+            description=f"state at seq {snapshot.applied_seq}, digest {snapshot.digest}",
+        )
+        await store.put(object_name(snapshot.applied_seq), snapshot.data, meta=meta)
+
+    async def prune(self, keep: int) -> list[int]:
+        """Delete all but the newest ``keep`` snapshots; the positions deleted."""
+        positions = await self.positions()
+        old = positions[: max(len(positions) - keep, 0)]
+        store = await self._open(create=False)
+        if store is not None:
+            for seq in old:
+                await store.delete(object_name(seq))
+        return old
+
+
+class SnapshotPublisher:
+    """The leader's periodic snapshot (see the module's rules)."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        bucket: SnapshotBucket,
+        interval_s: float,
+        keep: int = 3,
+    ) -> None:
+        self.store = store
+        self.bucket = bucket
+        self.interval_s = interval_s
+        self.keep = keep
+        self.last_seq = 0
+        self.published = 0
+        self._log = logger.bind(bucket=bucket.name)
+
+    async def run(self) -> None:
+        try:
+            positions = await self.bucket.positions()
+        except Exception as exc:
+            self._log.warning("snapshot.list_failed", error=repr(exc))
+            positions = []
+        self.last_seq = positions[-1] if positions else 0
+        while True:
+            await anyio.sleep(self.interval_s)
+            try:
+                await self.take()
+            except Exception as exc:
+                self._log.warning("snapshot.failed", error=repr(exc))
+
+    async def take(self) -> Snapshot | None:
+        """Take and publish one snapshot if the position moved; the snapshot or ``None``."""
+        if await self.store.applied_seq() <= self.last_seq:
+            return None
+        snapshot = await self.store.call(read_snapshot, "read snapshot")
+        if snapshot.applied_seq <= self.last_seq:
+            return None
+        await self.bucket.put(snapshot)
+        self.last_seq = snapshot.applied_seq
+        self.published += 1
+        pruned = await self.bucket.prune(self.keep)
+        self._log.info(
+            "snapshot.published",
+            applied_seq=snapshot.applied_seq,
+            digest=snapshot.digest,
+            bytes=len(snapshot.data),
+            pruned=pruned,
+        )
+        return snapshot
+
+
+async def restore_newest(
+    bucket: SnapshotBucket, store: Store, *, stream_last: int
+) -> DecodedSnapshot | None:
+    """Write the newest valid snapshot at or before ``stream_last`` into the empty
+    ``store``; the snapshot, or ``None`` when there is none to start from."""
+    log = logger.bind(bucket=bucket.name)
+    for seq in reversed(await bucket.positions()):
+        if seq > stream_last:
+            log.warning("snapshot.ahead_of_stream", applied_seq=seq, stream_last_seq=stream_last)
+            continue
+        try:
+            snapshot = await bucket.fetch(seq)
+        except Exception as exc:  # refused (SnapshotError) or unreadable (the bus)
+            log.error("snapshot.refused", applied_seq=seq, error=str(exc) or repr(exc))
+            continue
+        await store.write(restore_batch(snapshot))
+        if snapshot.published_seq:
+            await store.mark_published_through(snapshot.published_seq)
+        log.info(
+            "snapshot.restored",
+            applied_seq=seq,
+            digest=snapshot.digest,
+            leases=len(snapshot.state.leases),
+        )
+        return snapshot
+    return None
+
+
+async def snapshot_for_replay(
+    bucket: SnapshotBucket, *, stream_first: int, stream_last: int
+) -> DecodedSnapshot:
+    """The oldest valid snapshot from which the stream (``stream_first..stream_last``)
+    continues without a gap; :class:`SnapshotError` when there is none."""
+    usable = [seq for seq in await bucket.positions() if stream_first - 1 <= seq <= stream_last]
+    refused: list[str] = []
+    for seq in usable:
+        try:
+            return await bucket.fetch(seq)
+        except SnapshotError as exc:
+            logger.error("snapshot.refused", applied_seq=seq, error=str(exc))
+            refused.append(f"{object_name(seq)}: {exc}")
+    detail = f" ({'; '.join(refused)})" if refused else ""
+    raise SnapshotError(
+        f"no usable snapshot in {bucket.name} at or after seq {stream_first - 1}{detail}"
+    )
