@@ -30,7 +30,9 @@ Rules (DESIGN.md, principle 2):
 
 from __future__ import annotations
 
+import datetime as dt
 import secrets
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -88,6 +90,8 @@ class ReplayReport:
     #: the snapshot the fold started from (its applied sequence), 0 when from seq 1
     snapshot_seq: int = 0
     snapshot_digest: str | None = None
+    #: wall seconds of each part: ``snapshot`` (fetch and verify), ``fold``, ``compare``
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -131,6 +135,7 @@ async def replay_into(
     if db is not None and await anyio.Path(db).exists():
         raise ReplayError(f"{db} exists: replay folds into a fresh database")
     snapshot: DecodedSnapshot | None = None
+    clock = time.perf_counter()
     if last and (first > 1 or from_snapshot):
         try:
             snapshot = await snapshot_for_replay(
@@ -146,6 +151,8 @@ async def replay_into(
     snapshot_seq = snapshot.state.applied_seq if snapshot is not None else 0
     before = _BeforeSnapshot(snapshot) if snapshot is not None else None
     produced: dict[str, tuple[str, bytes]] = {}
+    seconds = {"snapshot": time.perf_counter() - clock}
+    clock = time.perf_counter()
     state, inputs, dead = await _fold_stream(
         nc, js, names, db=db, last=last, batch=batch, produced=produced, snapshot=snapshot
     )
@@ -159,12 +166,44 @@ async def replay_into(
         digest=state_digest(state),
         snapshot_seq=snapshot_seq,
         snapshot_digest=snapshot.digest if snapshot else None,
+        seconds=seconds,
     )
+    seconds["fold"] = time.perf_counter() - clock
+    clock = time.perf_counter()
     if before is not None:
         before.replayed = set(state.leases)
     out_last = int((await js.stream_info(names.out_stream)).state.last_seq or 0)
-    await _compare(js, names, out_last=out_last, produced=produced, report=report, before=before)
+    since = await _tail_start(js, names, snapshot_seq, last) if snapshot is not None else None
+    await _compare(
+        js,
+        names,
+        out_last=out_last,
+        produced=produced,
+        report=report,
+        before=before,
+        since=since,
+    )
+    seconds["compare"] = time.perf_counter() - clock
     return report
+
+
+#: how much earlier than the first replayed input the output stream is read from
+_CLOCK_MARGIN = dt.timedelta(seconds=1)
+
+
+async def _tail_start(
+    js: JetStreamContext, names: StreamNames, snapshot_seq: int, last: int
+) -> dt.datetime | None:
+    """When the first input after the snapshot was stored, less a margin: every output
+    of the replayed inputs is on the OUT stream after that (the same server stamps both),
+    so the comparison need not read what was decided long before the snapshot."""
+    if snapshot_seq >= last:
+        return None
+    try:
+        first = await js.get_msg(names.in_stream, seq=snapshot_seq + 1)
+    except NotFoundError:
+        return None
+    return first.time - _CLOCK_MARGIN if first.time is not None else None
 
 
 class _BeforeSnapshot:
@@ -253,6 +292,7 @@ async def _compare(
     produced: dict[str, tuple[str, bytes]],
     report: ReplayReport,
     before: _BeforeSnapshot | None = None,
+    since: dt.datetime | None = None,
 ) -> None:
     seen: set[str] = set()
     head = f"{names.prefix}."
@@ -262,7 +302,10 @@ async def _compare(
             stream=names.out_stream,
             config=api.ConsumerConfig(
                 ack_policy=api.AckPolicy.NONE,
-                deliver_policy=api.DeliverPolicy.ALL,
+                deliver_policy=api.DeliverPolicy.ALL
+                if since is None
+                else api.DeliverPolicy.BY_START_TIME,
+                opt_start_time=since,
                 inactive_threshold=60.0,
             ),
         )
