@@ -343,19 +343,26 @@ async def run_with_resync(
     every_s: float,
     workers: int = 1,
     slice_size: int = RESYNC_SLICE,
+    max_rate: float | None = None,
 ) -> None:
     """:func:`run_workers`, plus every key of ``keys()`` added again every ``every_s``
     (client-go's resync: a lost event is made up for), paced as the module's rules say:
     a round of ``n`` keys is added ``slice_size`` at a time, a slice every
-    ``every_s * slice_size / n`` seconds. Shuts the queue down on exit."""
+    ``every_s * slice_size / n`` seconds, and never more than ``max_rate`` keys a second
+    (a round of many keys then takes longer than ``every_s``). Shuts the queue down on
+    exit."""
     if slice_size < 1:
         raise ValueError(f"slice_size must be >= 1, got {slice_size!r}")
+    if max_rate is not None and not max_rate > 0:
+        raise ValueError(f"max_rate must be > 0, got {max_rate!r}")
 
     async def resync() -> None:
         while True:
             round_keys = list(keys())
             slices = max(1, math.ceil(len(round_keys) / slice_size))
             pause = every_s / slices
+            if max_rate is not None:
+                pause = max(pause, min(slice_size, len(round_keys)) / max_rate)
             for start in range(0, max(len(round_keys), 1), slice_size):
                 for key in round_keys[start : start + slice_size]:
                     queue.add(key)
