@@ -21,8 +21,11 @@ Rules (issue 15, "Snapshots"; the format is :mod:`reconciler.store.snapshot`):
 
 from __future__ import annotations
 
+import functools
 import io
 import re
+import tempfile
+from typing import BinaryIO
 
 import anyio
 import structlog
@@ -34,9 +37,10 @@ from reconciler.store.snapshot import (
     DecodedSnapshot,
     Snapshot,
     SnapshotError,
+    SnapshotReader,
     decode_snapshot,
-    read_snapshot,
     restore_batch,
+    write_snapshot,
 )
 from reconciler.store.sqlite import Store
 
@@ -115,13 +119,17 @@ class SnapshotBucket:
             )
         return decoded
 
-    async def put(self, snapshot: Snapshot) -> None:
+    async def put(self, snapshot: Snapshot, rows: BinaryIO | None = None) -> None:
+        """Put ``snapshot``: its ``data``, or its header and then ``rows`` (a file)."""
         store = await self._open(create=True)
         assert store is not None
         meta = api.ObjectMeta(
             description=f"state at seq {snapshot.applied_seq}, digest {snapshot.digest}",
         )
-        await store.put(object_name(snapshot.applied_seq), snapshot.data, meta=meta)
+        data: bytes | io.BufferedReader = snapshot.data
+        if rows is not None:
+            data = io.BufferedReader(SnapshotReader(snapshot, rows))
+        await store.put(object_name(snapshot.applied_seq), data, meta=meta)
 
     async def prune(self, keep: int) -> list[int]:
         """Delete all but the newest ``keep`` snapshots; the positions deleted."""
@@ -171,10 +179,15 @@ class SnapshotPublisher:
         """Take and publish one snapshot if the position moved; the snapshot or ``None``."""
         if await self.store.applied_seq() <= self.last_seq:
             return None
-        snapshot = await self.store.call(read_snapshot, "read snapshot")
-        if snapshot.applied_seq <= self.last_seq:
-            return None
-        await self.bucket.put(snapshot)
+        with tempfile.TemporaryFile() as rows:
+            snapshot = await self.store.call(
+                functools.partial(write_snapshot, sink=rows), "read snapshot"
+            )
+            if snapshot.applied_seq <= self.last_seq:
+                return None
+            size = rows.tell()
+            rows.seek(0)
+            await self.bucket.put(snapshot, rows)
         self.last_seq = snapshot.applied_seq
         self.published += 1
         pruned = await self.bucket.prune(self.keep)
@@ -182,7 +195,7 @@ class SnapshotPublisher:
             "snapshot.published",
             applied_seq=snapshot.applied_seq,
             digest=snapshot.digest,
-            bytes=len(snapshot.data),
+            bytes=size + len(snapshot.header),
             pruned=pruned,
         )
         return snapshot

@@ -17,9 +17,11 @@ Format (one JSON value per line, UTF-8):
 
 Rules:
 
-- The bytes are read from the store in one read transaction (:func:`read_snapshot`, run on
-  the store's thread): the rows hold each entity's exact encoding already, so nothing is
-  decoded and the event loop is not involved.
+- The bytes are read from the store in one read transaction (:func:`write_snapshot`, run
+  on the store's thread): the rows hold each entity's exact encoding already, so nothing
+  is decoded and the event loop is not involved. The rows are written to a file as they
+  are read (the header, known at the end, goes first by :class:`SnapshotReader`), so a
+  snapshot of 100,000 leases does not hold its ~60 MB in memory twice.
 - ``digest`` is :func:`~reconciler.store.digest.state_digest` of the state the snapshot
   describes (the figure ``reconciler replay`` prints), computed from the rows.
   :func:`decode_snapshot` rebuilds the state and computes it again: a snapshot whose
@@ -34,9 +36,10 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import io
 import sqlite3
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -62,9 +65,11 @@ __all__ = [
     "DecodedSnapshot",
     "Snapshot",
     "SnapshotError",
+    "SnapshotReader",
     "decode_snapshot",
     "read_snapshot",
     "restore_batch",
+    "write_snapshot",
 ]
 
 FORMAT = "reconciler-snapshot/1"
@@ -85,12 +90,48 @@ class SnapshotError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """One snapshot's bytes, with what its header says."""
+    """One snapshot's bytes (``data``: the header line, then the rows), with what its
+    header says. ``data`` is empty when the rows went to a file (:func:`write_snapshot`)."""
 
     applied_seq: int
     published_seq: int
     digest: str
-    data: bytes
+    data: bytes = b""
+
+    @property
+    def header(self) -> bytes:
+        """The first line of the snapshot, newline included."""
+        fields = {
+            "format": FORMAT,
+            "applied_seq": self.applied_seq,
+            "published_seq": self.published_seq,
+            "digest": self.digest,
+        }
+        return orjson.dumps(fields) + b"\n"
+
+
+class SnapshotReader(io.RawIOBase):
+    """The bytes of a snapshot whose rows are in ``rows`` (a file at its start): its
+    header, then the rows. For a streaming put into the object store."""
+
+    def __init__(self, snapshot: Snapshot, rows: BinaryIO) -> None:
+        super().__init__()
+        self._head = snapshot.header
+        self._rows = rows
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if self._head:
+            n = min(len(view), len(self._head))
+            view[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        data = self._rows.read(len(view))
+        view[: len(data)] = data
+        return len(data)
 
 
 @dataclass(slots=True)
@@ -107,10 +148,29 @@ class DecodedSnapshot:
 
 
 def read_snapshot(conn: sqlite3.Connection) -> Snapshot:
-    """The snapshot of what ``conn``'s store has committed (one read transaction)."""
+    """The snapshot of what ``conn``'s store has committed, in memory."""
+    rows = io.BytesIO()
+    snapshot = write_snapshot(conn, rows)
+    return Snapshot(
+        applied_seq=snapshot.applied_seq,
+        published_seq=snapshot.published_seq,
+        digest=snapshot.digest,
+        data=snapshot.header + rows.getvalue(),
+    )
+
+
+def write_snapshot(conn: sqlite3.Connection, sink: BinaryIO) -> Snapshot:
+    """Write the rows of the snapshot of what ``conn``'s store has committed to ``sink``
+    (one read transaction); the snapshot's header fields (``data`` empty)."""
     h = hashlib.sha256()
-    lines: list[bytes] = []
     dumps = orjson.dumps
+
+    class _Lines:
+        def append(self, line: bytes) -> None:
+            sink.write(line)
+            sink.write(b"\n")
+
+    lines = _Lines()
     with transaction(conn, mode="DEFERRED"):
         applied = scalar(conn, "SELECT applied_seq FROM position WHERE id = 1")
         published = scalar(conn, "SELECT published_seq FROM position WHERE id = 1")
@@ -141,15 +201,7 @@ def read_snapshot(conn: sqlite3.Connection) -> Snapshot:
         sql = "SELECT input_seq, outputs FROM outbox_batches WHERE input_seq > ? ORDER BY input_seq"
         for input_seq, blob in conn.execute(sql, (published,)):
             lines.append(dumps(["outbox", input_seq, base64.b64encode(bytes(blob)).decode()]))
-    digest = h.hexdigest()
-    header = dumps(
-        {"format": FORMAT, "applied_seq": applied, "published_seq": published, "digest": digest}
-    )
-    lines.insert(0, header)
-    lines.append(b"")
-    return Snapshot(
-        applied_seq=applied, published_seq=published, digest=digest, data=b"\n".join(lines)
-    )
+    return Snapshot(applied_seq=applied, published_seq=published, digest=h.hexdigest())
 
 
 # ------------------------------------------------------------------------------- read
