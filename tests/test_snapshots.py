@@ -209,3 +209,45 @@ async def test_replay_refuses_an_aged_out_stream_without_a_good_snapshot(
     await obs.put(object_name(snapshot.applied_seq), tamper(snapshot.data))
     with pytest.raises(ReplayError, match="digest"):
         await replay_into(nc)
+
+
+def test_the_replay_command_says_it_started_from_a_snapshot(nats_url: str, tmp_path: Path) -> None:
+    import nats
+    from click.testing import CliRunner
+
+    from reconciler.cli.main import cli
+
+    db = tmp_path / "rc.db"
+
+    async def prepare() -> int:
+        nc = await nats.connect(nats_url)
+        try:
+            bus = BusClient(nc)
+            await bus.ensure_streams()
+            load = mixed(200, seed=12)
+            half = len(load.items) // 2
+            async with running_replica(fast_config(nats_url, db, snapshot_interval_s=0)) as r:
+                await bus.send_many(load.setup + load.items[:half])
+                await bus.wait_caught_up()
+                assert r.store is not None
+                bucket = SnapshotBucket(bus.js, "rc")
+                taken = await SnapshotPublisher(store=r.store, bucket=bucket, interval_s=1).take()
+                assert taken is not None
+                await bus.send_many(load.items[half:])
+                await bus.wait_caught_up()
+            await bus.js.purge_stream("RC_IN", seq=taken.applied_seq + 1)
+            return taken.applied_seq
+        finally:
+            await nc.close()
+
+    seq = anyio.run(prepare)
+    runner = CliRunner()
+    text = runner.invoke(cli, ["replay", "--nats-url", nats_url, "--log-level", "error"])
+    assert text.exit_code == 0, text.output
+    assert f"started from the snapshot at seq {seq} (digest " in text.output
+    assert f"replayed inputs {seq + 1}.." in text.output and "no divergences" in text.output
+    as_json = runner.invoke(
+        cli, ["replay", "--nats-url", nats_url, "--json", "--from-snapshot", "--log-level", "error"]
+    )
+    report = orjson.loads(as_json.output)
+    assert as_json.exit_code == 0 and report["ok"] and report["snapshot_seq"] == seq
