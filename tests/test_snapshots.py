@@ -251,3 +251,20 @@ def test_the_replay_command_says_it_started_from_a_snapshot(nats_url: str, tmp_p
     )
     report = orjson.loads(as_json.output)
     assert as_json.exit_code == 0 and report["ok"] and report["snapshot_seq"] == seq
+
+
+async def test_an_empty_replica_refuses_an_aged_out_stream_without_a_snapshot(
+    nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    from reconciler.replica.runtime import Replica, StartupError
+
+    bus = BusClient(nc)
+    await bus.ensure_streams()
+    await fold_some(bus, nats_url, tmp_path / "rc.db", 60, seed=13)
+    head = int((await bus.js.stream_info("RC_IN")).state.last_seq or 0)
+    await bus.js.purge_stream("RC_IN", seq=head - 5)
+    fresh = tmp_path / "fresh.db"
+    with pytest.raises(StartupError, match="aged out"):
+        await Replica(fast_config(nats_url, fresh, snapshot_interval_s=0)).run(stop=anyio.Event())
+    async with await Store.open(fresh) as store:
+        assert await store.applied_seq() == 0  # nothing was written

@@ -253,12 +253,17 @@ class Replica:
     async def _start_from_snapshot(self, js: JetStreamContext, store: Store) -> State | None:
         """An empty store starts from the newest snapshot, if there is one."""
         info = await js.stream_info(self.names.in_stream)
-        last = int(info.state.last_seq or 0)
+        first, last = int(info.state.first_seq or 0), int(info.state.last_seq or 0)
         if last == 0:
             return None
-        snapshot = await restore_newest(
-            SnapshotBucket(js, self.config.prefix), store, stream_last=last
-        )
+        bucket = SnapshotBucket(js, self.config.prefix)
+        snapshot = await restore_newest(bucket, store, stream_last=last, stream_first=first)
+        if snapshot is None and first > 1:
+            raise StartupError(
+                f"store {self.config.db} is empty and stream {self.names.in_stream} starts at "
+                f"seq {first} (inputs 1..{first - 1} aged out), but {bucket.name} holds no "
+                f"valid snapshot at or after seq {first - 1}: the state cannot be rebuilt"
+            )
         return snapshot.state if snapshot is not None else None
 
     # ---------------------------------------------------------------- leader

@@ -202,15 +202,18 @@ class SnapshotPublisher:
 
 
 async def restore_newest(
-    bucket: SnapshotBucket, store: Store, *, stream_last: int
+    bucket: SnapshotBucket, store: Store, *, stream_last: int, stream_first: int = 1
 ) -> DecodedSnapshot | None:
-    """Write the newest valid snapshot at or before ``stream_last`` into the empty
-    ``store``; the snapshot, or ``None`` when there is none to start from."""
+    """Write the newest valid snapshot at or before ``stream_last`` from which the stream
+    (``stream_first..stream_last``) continues without a gap into the empty ``store``; the
+    snapshot, or ``None`` when there is none to start from."""
     log = logger.bind(bucket=bucket.name)
     for seq in reversed(await bucket.positions()):
         if seq > stream_last:
             log.warning("snapshot.ahead_of_stream", applied_seq=seq, stream_last_seq=stream_last)
             continue
+        if seq < stream_first - 1:
+            break  # older ones leave a gap too
         try:
             snapshot = await bucket.fetch(seq)
         except Exception as exc:  # refused (SnapshotError) or unreadable (the bus)
