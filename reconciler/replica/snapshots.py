@@ -6,9 +6,10 @@ Rules (issue 15, "Snapshots"; the format is :mod:`reconciler.store.snapshot`):
   snapshot, named ``state-<applied_seq>`` (zero-padded, so names sort by position).
   The newest ``keep`` are kept; older ones are deleted by the leader after each put.
 - The leader (:class:`SnapshotPublisher`) takes one every ``interval_s`` once the
-  position has moved since the last one. The bytes are read from the store on its thread
-  in one read transaction (never from the live state on the event loop), then put in
-  the bucket. A failure is logged and tried again at the next interval: snapshots are
+  position has moved since the last one. The bytes are read from the store file in one
+  read transaction, on a read-only connection of their own in a worker thread (never
+  from the live state on the event loop, never holding the store's connection), then put
+  in the bucket. A failure is logged and tried again at the next interval: snapshots are
   an optimisation, never a reason to stop deciding.
 - A replica whose store is empty (position 0) starts from the newest snapshot at or
   before the stream's last sequence (:func:`restore_newest`): it is fetched, its digest
@@ -40,7 +41,7 @@ from reconciler.store.snapshot import (
     SnapshotReader,
     decode_snapshot,
     restore_batch,
-    write_snapshot,
+    snapshot_of_file,
 )
 from reconciler.store.sqlite import Store
 
@@ -180,8 +181,10 @@ class SnapshotPublisher:
         if await self.store.applied_seq() <= self.last_seq:
             return None
         with tempfile.TemporaryFile() as rows:
-            snapshot = await self.store.call(
-                functools.partial(write_snapshot, sink=rows), "read snapshot"
+            # a connection of its own, in a thread: the store's connection (and its lock,
+            # which the outbox publisher needs) stays free while 100,000 leases are read
+            snapshot = await anyio.to_thread.run_sync(
+                functools.partial(snapshot_of_file, self.store.path, rows)
             )
             if snapshot.applied_seq <= self.last_seq:
                 return None

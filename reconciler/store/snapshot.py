@@ -39,6 +39,7 @@ import hashlib
 import io
 import sqlite3
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import orjson
@@ -69,6 +70,7 @@ __all__ = [
     "decode_snapshot",
     "read_snapshot",
     "restore_batch",
+    "snapshot_of_file",
     "write_snapshot",
 ]
 
@@ -202,6 +204,16 @@ def write_snapshot(conn: sqlite3.Connection, sink: BinaryIO) -> Snapshot:
         for input_seq, blob in conn.execute(sql, (published,)):
             lines.append(dumps(["outbox", input_seq, base64.b64encode(bytes(blob)).decode()]))
     return Snapshot(applied_seq=applied, published_seq=published, digest=h.hexdigest())
+
+
+def snapshot_of_file(path: Path, sink: BinaryIO) -> Snapshot:
+    """:func:`write_snapshot` over a read-only connection of its own to the store file at
+    ``path`` (for a worker thread: the store's own connection stays free)."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+    try:
+        return write_snapshot(conn, sink)
+    finally:
+        conn.close()
 
 
 # ------------------------------------------------------------------------------- read
