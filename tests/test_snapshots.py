@@ -268,3 +268,28 @@ async def test_an_empty_replica_refuses_an_aged_out_stream_without_a_snapshot(
         await Replica(fast_config(nats_url, fresh, snapshot_interval_s=0)).run(stop=anyio.Event())
     async with await Store.open(fresh) as store:
         assert await store.applied_seq() == 0  # nothing was written
+
+
+async def test_a_snapshot_of_another_stream_is_never_used(
+    nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    from reconciler.replica.snapshots import stream_identity
+
+    bus = BusClient(nc)
+    await bus.ensure_streams()
+    db = tmp_path / "rc.db"
+    await fold_some(bus, nats_url, db, 60, seed=14)
+    async with await Store.open(db) as store:
+        snapshot = await store.call(read_snapshot, "read snapshot")
+    # taken from a stream since deleted and created again: another history
+    await SnapshotBucket(bus.js, "rc", "2020-01-01T00:00:00+00:00").put(snapshot)
+    current = SnapshotBucket(bus.js, "rc", await stream_identity(bus.js, "RC_IN"))
+    assert await current.positions() == []
+    async with await Store.open(tmp_path / "empty.db") as empty:
+        assert await restore_newest(current, empty, stream_last=10**9) is None
+        assert await empty.applied_seq() == 0
+    with pytest.raises(ReplayError, match="no usable snapshot"):
+        await replay_into(nc, from_snapshot=True)
+    # the same snapshot, named for this stream, is used
+    await current.put(snapshot)
+    assert await current.positions() == [snapshot.applied_seq]

@@ -52,7 +52,7 @@ from reconciler.bus.publisher import MSG_ID
 from reconciler.bus.streams import StreamNames
 from reconciler.core.state import State
 from reconciler.replica.caches import Caches, Commit
-from reconciler.replica.snapshots import SnapshotBucket, snapshot_for_replay
+from reconciler.replica.snapshots import SnapshotBucket, snapshot_for_replay, stream_identity
 from reconciler.store.digest import state_digest
 from reconciler.store.snapshot import DecodedSnapshot, SnapshotError, restore_batch
 from reconciler.store.sqlite import Store
@@ -138,8 +138,9 @@ async def replay_into(
     clock = time.perf_counter()
     if last and (first > 1 or from_snapshot):
         try:
+            identity = await stream_identity(js, names.in_stream)
             snapshot = await snapshot_for_replay(
-                SnapshotBucket(js, prefix), stream_first=first, stream_last=last
+                SnapshotBucket(js, prefix, identity), stream_first=first, stream_last=last
             )
         except SnapshotError as exc:
             aged = f"inputs 1..{first - 1} have aged out (max_age), and " if first > 1 else ""

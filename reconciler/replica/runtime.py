@@ -49,7 +49,12 @@ from reconciler.replica.caches import Caches
 from reconciler.replica.leader import LeaderElection, Leadership
 from reconciler.replica.outbox import OutboxPublisher
 from reconciler.replica.queries import QueryResponder
-from reconciler.replica.snapshots import SnapshotBucket, SnapshotPublisher, restore_newest
+from reconciler.replica.snapshots import (
+    SnapshotBucket,
+    SnapshotPublisher,
+    restore_newest,
+    stream_identity,
+)
 from reconciler.replica.status import StatusReporter
 from reconciler.replica.topup import WarmPoolReconciler
 from reconciler.replica.verify import IncusPresence, SuspectVerifier
@@ -256,7 +261,8 @@ class Replica:
         first, last = int(info.state.first_seq or 0), int(info.state.last_seq or 0)
         if last == 0:
             return None
-        bucket = SnapshotBucket(js, self.config.prefix)
+        identity = await stream_identity(js, self.names.in_stream)
+        bucket = SnapshotBucket(js, self.config.prefix, identity)
         snapshot = await restore_newest(bucket, store, stream_last=last, stream_first=first)
         if snapshot is None and first > 1:
             raise StartupError(
@@ -300,7 +306,7 @@ class Replica:
         )
         snapshots = SnapshotPublisher(
             store=store,
-            bucket=SnapshotBucket(js, cfg.prefix),
+            bucket=SnapshotBucket(js, cfg.prefix, await stream_identity(js, self.names.in_stream)),
             interval_s=cfg.snapshot_interval_s,
             keep=cfg.snapshot_keep,
         )

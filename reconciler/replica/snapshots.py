@@ -15,6 +15,9 @@ Rules (issue 15, "Snapshots"; the format is :mod:`reconciler.store.snapshot`):
   before the stream's last sequence (:func:`restore_newest`): it is fetched, its digest
   verified (a mismatch is refused, logged, and the next older one is tried), and written
   into the store in one transaction; the consumer then starts after its position.
+- A snapshot names the input stream it was folded from (the stream's creation time, in
+  the object's ``Reconciler-Stream`` header): one of a stream since deleted and created
+  again (another history) is never restored nor replayed from.
 - A replay picks the oldest snapshot from which the stored stream continues without a
   gap (:func:`snapshot_for_replay`), so it compares as many decisions as the stream
   still holds.
@@ -46,11 +49,13 @@ from reconciler.store.snapshot import (
 from reconciler.store.sqlite import Store
 
 __all__ = [
+    "STREAM_HEADER",
     "SnapshotBucket",
     "SnapshotPublisher",
     "bucket_name",
     "restore_newest",
     "snapshot_for_replay",
+    "stream_identity",
 ]
 
 logger = structlog.get_logger(__name__)
@@ -67,12 +72,23 @@ def object_name(applied_seq: int) -> str:
     return f"state-{applied_seq:016d}"
 
 
-class SnapshotBucket:
-    """The snapshots of one prefix (the object store is created on first put)."""
+STREAM_HEADER = "Reconciler-Stream"
 
-    def __init__(self, js: JetStreamContext, prefix: str) -> None:
+
+async def stream_identity(js: JetStreamContext, stream: str) -> str:
+    """What tells this input stream from one deleted and created again: its creation time."""
+    created = (await js.stream_info(stream)).created
+    return created.isoformat() if created is not None else ""
+
+
+class SnapshotBucket:
+    """The snapshots of one prefix (the object store is created on first put), of the
+    input stream ``identity`` names (:func:`stream_identity`; ``None``: any)."""
+
+    def __init__(self, js: JetStreamContext, prefix: str, identity: str | None = None) -> None:
         self.js = js
         self.name = bucket_name(prefix)
+        self.identity = identity
         self._store: ObjectStore | None = None
 
     async def _open(self, *, create: bool) -> ObjectStore | None:
@@ -102,9 +118,22 @@ class SnapshotBucket:
         found = []
         for info in infos:
             match = _NAME.fullmatch(info.name or "")
-            if match and not info.deleted:
+            if match and not info.deleted and self._ours(info.headers):
                 found.append(int(match.group(1)))
         return sorted(found)
+
+    def _ours(self, headers: dict[str, object] | None) -> bool:
+        if self.identity is None:
+            return True
+        value = (headers or {}).get(STREAM_HEADER)
+        if isinstance(value, list):  # Go clients keep header values as lists
+            value = value[0] if value else None
+        if value is not None and value != self.identity:
+            logger.warning(
+                "snapshot.other_stream", bucket=self.name, stream=value, current=self.identity
+            )
+            return False
+        return True
 
     async def fetch(self, applied_seq: int) -> DecodedSnapshot:
         """The snapshot at ``applied_seq``, verified (:class:`SnapshotError` if not)."""
@@ -126,6 +155,7 @@ class SnapshotBucket:
         assert store is not None
         meta = api.ObjectMeta(
             description=f"state at seq {snapshot.applied_seq}, digest {snapshot.digest}",
+            headers={STREAM_HEADER: self.identity} if self.identity else None,
         )
         data: bytes | io.BufferedReader = snapshot.data
         if rows is not None:
