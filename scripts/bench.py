@@ -589,7 +589,8 @@ class ReconcilerProcess:
         log_level: str,
         extra_args: Sequence[str] = (),
     ) -> None:
-        self.extra_args = tuple(extra_args)
+        #: more ``reconciler run`` options (a phase's own)
+        self.extra_args: tuple[str, ...] = tuple(extra_args)
         self.url = url
         self.prefix = prefix
         self.names = StreamNames.for_prefix(prefix)
@@ -598,8 +599,6 @@ class ReconcilerProcess:
         self.log_path = workdir / f"{prefix}-reconciler.log"
         self.batch = batch
         self.log_level = log_level
-        #: more ``reconciler run`` options (a phase's own)
-        self.extra_args: tuple[str, ...] = ()
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
