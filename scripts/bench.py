@@ -128,7 +128,7 @@ from reconciler.core.model import JobId, LeaseState, PoolName  # noqa: E402
 from reconciler.core.state import State  # noqa: E402
 from tests import builders as b  # noqa: E402
 
-PHASES = ("throughput", "latency", "rss", "soak")
+PHASES = ("throughput", "latency", "rss", "fleet", "snapshot", "soak")
 NATS_BINARIES = ("/usr/sbin/nats-server", "/usr/local/bin/nats-server")
 FULL = {
     "messages": 100_000,
@@ -136,6 +136,7 @@ FULL = {
     "rate": 1000.0,
     "latency_seconds": 10.0,
     "leases": 100_000,
+    "fleet_hosts": 10_000,
 }
 QUICK = {
     "messages": 3_000,
@@ -143,6 +144,7 @@ QUICK = {
     "rate": 1000.0,
     "latency_seconds": 2.0,
     "leases": 3_000,
+    "fleet_hosts": 200,
 }
 #: the targets (DESIGN.md, "Performance targets", and the issue); see ``targets``
 TARGET_RATIO = 0.6
@@ -155,6 +157,8 @@ TARGET_IO_FLOOR_RATIO = 1.0
 #: bytes of growth per decided command allowed once retention applies (RSS, database)
 TARGET_SOAK_BYTES = 50.0
 TARGET_SOAK_COMMANDS = 1_000_000
+TARGET_FLEET_HOSTS = 10_000
+TARGET_SNAPSHOT_RATIO = 0.9
 #: fleet utilisation (booked vCPU / allocatable vCPU) above which the workload releases
 TARGET_UTILISATION = 0.7
 TIMESTAMP = "2026-12-02T10:00:00.000000000Z"
@@ -185,6 +189,7 @@ class Options:
     rate: float
     latency_seconds: float
     leases: int
+    fleet_hosts: int
     skip: frozenset[str]
     quick: bool
     seed: int
@@ -206,13 +211,16 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--hosts", type=int, help="host snapshots (50)")
     parser.add_argument("--rate", type=float, help="offered commands/s, latency phase (1000)")
     parser.add_argument("--latency-seconds", type=float, help="measured seconds of latency (10)")
-    parser.add_argument("--leases", type=int, help="leases held for the RSS phase (100000)")
+    parser.add_argument(
+        "--leases", type=int, help="leases held for the RSS and fleet phases (100000)"
+    )
+    parser.add_argument("--fleet-hosts", type=int, help="hosts of the fleet phase (10000)")
     parser.add_argument(
         "--skip",
         action="append",
         default=[],
         metavar="PHASE",
-        help="skip a phase: throughput, latency, rss (repeat or comma-separate)",
+        help="skip a phase: throughput, latency, rss, fleet, snapshot (repeat or comma-separate)",
     )
     parser.add_argument(
         "--soak",
@@ -241,7 +249,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "--py-spy",
         type=Path,
         metavar="FILE",
-        help="py-spy the reconciler: FILE for the throughput phase, FILE-latency for latency",
+        help="py-spy the reconciler: FILE for the throughput phase, FILE-latency for latency, "
+        "FILE-latency-bf for the fleet phase",
     )
     args = parser.parse_args(argv)
     skip = frozenset(s.strip() for part in args.skip for s in part.split(",") if s.strip())
@@ -261,6 +270,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         rate=float(pick("rate")),
         latency_seconds=float(pick("latency_seconds")),
         leases=int(pick("leases")),
+        fleet_hosts=int(pick("fleet_hosts")),
         skip=skip,
         quick=args.quick,
         seed=args.seed,
@@ -275,8 +285,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         parser.error("--soak-commands must be >= 2 and --soak-retention >= 1")
     if opts.batch < 1 or opts.batch > 10_000:
         parser.error("--batch must be 1..10000 (what `reconciler run --batch` accepts)")
-    if opts.hosts < 1 or opts.messages < opts.hosts + 10 or opts.leases < 1:
-        parser.error("--hosts must be >= 1, --messages >= hosts + 10, --leases >= 1")
+    if opts.hosts < 1 or opts.messages < opts.hosts + 10 or opts.leases < 1 or opts.fleet_hosts < 1:
+        parser.error(
+            "--hosts and --fleet-hosts must be >= 1, --messages >= hosts + 10, --leases >= 1"
+        )
     if opts.rate <= 0 or opts.latency_seconds <= 0:
         parser.error("--rate and --latency-seconds must be > 0")
     return opts
@@ -577,7 +589,8 @@ class ReconcilerProcess:
         log_level: str,
         extra_args: Sequence[str] = (),
     ) -> None:
-        self.extra_args = tuple(extra_args)
+        #: more ``reconciler run`` options (a phase's own)
+        self.extra_args: tuple[str, ...] = tuple(extra_args)
         self.url = url
         self.prefix = prefix
         self.names = StreamNames.for_prefix(prefix)
@@ -1080,16 +1093,25 @@ async def throughput_phase(ctx: Context) -> dict[str, Any]:
 
 
 async def latency_phase(ctx: Context) -> dict[str, Any]:
+    return await measure_latency(ctx, "bl", hosts=ctx.opts.hosts, seed=ctx.opts.seed + 1)
+
+
+async def measure_latency(
+    ctx: Context, prefix: str, *, hosts: int, seed: int, held: list[Input] | None = None
+) -> dict[str, Any]:
+    """The latency phase's measurement on ``prefix`` (see the module's doc), after the
+    ``held`` inputs (folded before the measurement starts) when given."""
     opts, js = ctx.opts, ctx.js
-    names = StreamNames.for_prefix("bl")
+    names = StreamNames.for_prefix(prefix)
     warmup_s = min(1.0, opts.latency_seconds / 5)
     warmup = int(opts.rate * warmup_s)
     measured = max(1, int(opts.rate * opts.latency_seconds))
-    load = mixed_workload(
-        prefix=names.prefix, hosts=opts.hosts, seed=opts.seed + 1, commands=warmup + measured
-    )
+    started = time.perf_counter()
+    load = mixed_workload(prefix=names.prefix, hosts=hosts, seed=seed, commands=warmup + measured)
+    log(f"latency ({prefix}): workload built in {time.perf_counter() - started:.1f} s")
     await ensure_streams(js, names)
-    await publish_all(js, load.setup, within_s=60)
+    preload = [*load.setup, *(held or ())]
+    await publish_all(js, preload, within_s=60 + len(preload) / 1000)
     arrivals: dict[str, float] = {}
     sent: dict[str, float] = {}
     head = f"{names.prefix}.out.decision."
@@ -1100,11 +1122,14 @@ async def latency_phase(ctx: Context) -> dict[str, Any]:
     proc = new_reconciler(ctx, names.prefix)
     profiler: PySpy | None = None
     async with running(proc):
-        await wait_applied(ctx, proc, len(load.setup), within_s=60)
+        await wait_applied(ctx, proc, len(preload), within_s=60 + len(preload) / 500)
         sub = await ctx.nc.subscribe(f"{head}>", cb=on_decision)
         await ctx.nc.flush()
+        if held:
+            await asyncio.sleep(2.0)  # the leader's first status round begins
         if opts.py_spy is not None:
-            out = opts.py_spy.with_stem(f"{opts.py_spy.stem}-latency")
+            suffix = "latency" if prefix == "bl" else f"latency-{prefix}"
+            out = opts.py_spy.with_stem(f"{opts.py_spy.stem}-{suffix}")
             profiler = PySpy(out, proc.pid, ctx.workdir / "py-spy-latency.log")
         log(f"latency: {warmup} warm-up + {measured} commands at {opts.rate:g}/s, open loop")
         futures: list[asyncio.Future[api.PubAck]] = []
@@ -1337,6 +1362,113 @@ def count_active_leases(db: Path) -> int:
     return int(row[0])
 
 
+# ============================================================ fleet and snapshot phases
+
+
+def held_leases(prefix: str, hosts: int, leases: int) -> list[Input]:
+    """A zero-flavor pool and ``leases`` cold admissions of it, each on a selected host
+    (round robin over the fleet): live leases spread evenly, booking nothing, so that the
+    mixed workload that follows places exactly as it would without them."""
+    names = host_names(hosts)
+    items = [b.pool("held", cpu=0, memory_mib=0, disk_gib=0, max_instances=leases + 1)]
+    items += [
+        b.admit(f"held-{i}", "held", f"held-{i:07d}", host=names[i % hosts]) for i in range(leases)
+    ]
+    return [
+        Input(b.subject_of(i, prefix=prefix), orjson.dumps(i[1]), i[1].get("request_id"))
+        for i in items
+    ]
+
+
+async def fleet_phase(ctx: Context) -> dict[str, Any]:
+    """The latency phase with ``--fleet-hosts`` hosts and ``--leases`` live leases."""
+    opts = ctx.opts
+    held = held_leases("bf", opts.fleet_hosts, opts.leases)
+    found = await measure_latency(ctx, "bf", hosts=opts.fleet_hosts, seed=opts.seed + 2, held=held)
+    return {
+        "fleet_latency_ms": found["latency_ms"],
+        "fleet": {**found["latency"], "hosts": opts.fleet_hosts, "live_leases": opts.leases},
+    }
+
+
+async def snapshot_phase(ctx: Context) -> dict[str, Any]:
+    """Replay from a snapshot against a bare read of the same stream.
+
+    A reconciler (``--snapshot-interval 1``) folds the first half of a mixed workload of
+    ``--messages`` inputs and publishes a snapshot of it; it then folds the second half.
+    The IN stream is purged below the snapshot's position, as if the first half had aged
+    out. ``replay_from_snapshot_per_s`` is the inputs of the tail divided by the time
+    of ``replay_into`` (fetch and verify the snapshot, write it to a fresh store, fold
+    the tail, compare every output with the OUT stream), in this process;
+    ``bare_read_per_s`` the bare fetch+ack loop over the same tail; the ratio is the
+    first over the second.
+    """
+    from reconciler.replica.replay import replay_into
+    from reconciler.replica.snapshots import SnapshotBucket
+
+    opts, js = ctx.opts, ctx.js
+    names = StreamNames.for_prefix("bs")
+    load = mixed_workload(
+        prefix=names.prefix, hosts=opts.hosts, seed=opts.seed + 3, messages=opts.messages
+    )
+    first = load.all[: len(load.all) // 2]
+    rest = load.all[len(load.all) // 2 :]
+    await ensure_streams(js, names)
+    await publish_all(js, first, within_s=120 + len(first) / 1000)
+    bucket = SnapshotBucket(js, names.prefix)
+    proc = new_reconciler(ctx, names.prefix)
+    proc.extra_args = ("--snapshot-interval", "1")
+    async with running(proc):
+        applied = (await wait_applied(ctx, proc, len(first), within_s=120 + len(first) / 500))[
+            "applied_seq"
+        ]
+
+        async def snapshot_taken() -> bool:
+            positions = await bucket.positions()
+            return bool(positions) and positions[-1] >= applied
+
+        await wait_until(proc, "a snapshot", snapshot_taken, within_s=60, every_s=0.2)
+        snapshot_seq = (await bucket.positions())[-1]
+        await publish_all(js, rest, within_s=120 + len(rest) / 1000)
+        last = await stream_last_seq(js, names.in_stream)
+
+        async def all_published() -> bool:
+            found = await health(ctx.nc, names.prefix)
+            return bool(found and found["applied_seq"] >= last and found["published_seq"] >= last)
+
+        await wait_until(proc, "every output published", all_published, within_s=300)
+    last = await stream_last_seq(js, names.in_stream)
+    await js.purge_stream(names.in_stream, seq=snapshot_seq + 1)
+    tail = last - snapshot_seq
+    bare = await baseline_fetch_ack(ctx, names, total=tail, durable="bench-bare-tail")
+    started = time.perf_counter()
+    report = await replay_into(ctx.nc, prefix=names.prefix, batch=opts.batch)
+    elapsed = time.perf_counter() - started
+    if not report.ok or report.snapshot_seq != snapshot_seq:
+        raise BenchError(
+            f"replay from the snapshot at {snapshot_seq}: started at {report.snapshot_seq}, "
+            f"{len(report.divergences)} divergences"
+        )
+    rate = report.inputs / elapsed
+    log(
+        f"snapshot: replay of {report.inputs} inputs after the snapshot at {snapshot_seq} "
+        f"in {elapsed:.2f} s = {rate:,.0f}/s; bare read {bare.per_s:,.0f}/s"
+    )
+    return {
+        "replay_from_snapshot_per_s": round(rate),
+        "bare_read_per_s": round(bare.per_s),
+        "snapshot_ratio": round(rate / bare.per_s, 3),
+        "snapshot": {
+            "snapshot_seq": snapshot_seq,
+            "tail_inputs": report.inputs,
+            "compared": report.compared,
+            "replay_seconds": round(elapsed, 2),
+            "replay_part_seconds": {k: round(v, 2) for k, v in report.seconds.items()},
+            "replay_fold_per_s": round(report.inputs / report.seconds["fold"]),
+        },
+    }
+
+
 # =============================================================================== main
 
 Phase = Callable[[Context], Awaitable[dict[str, Any]]]
@@ -1345,6 +1477,8 @@ PHASE_FUNCTIONS: dict[str, Phase] = {
     "latency": latency_phase,
     "rss": rss_phase,
     "soak": soak_phase,
+    "fleet": fleet_phase,
+    "snapshot": snapshot_phase,
 }
 #: what a skipped or failed phase reports (JSON null)
 EMPTY: dict[str, dict[str, Any]] = {
@@ -1352,6 +1486,8 @@ EMPTY: dict[str, dict[str, Any]] = {
     "latency": {"latency_ms": None},
     "rss": {"peak_rss_mib": None},
     "soak": {"soak": None},
+    "fleet": {"fleet_latency_ms": None},
+    "snapshot": {"snapshot_ratio": None},
 }
 
 
@@ -1389,6 +1525,8 @@ def targets(found: dict[str, Any], opts: Options) -> dict[str, dict[str, Any]]:
     ratio, p99, rss = found.get("ratio"), found.get("latency_ms"), found.get("peak_rss_mib")
     floor_ratio, soak = found.get("ratio_io_floor"), found.get("soak") or {}
     p99 = None if p99 is None else p99["p99"]
+    fleet_p99 = found.get("fleet_latency_ms")
+    fleet_p99 = None if fleet_p99 is None else fleet_p99["p99"]
     return {
         "ratio": check(
             ratio, lambda v: v >= TARGET_RATIO, target=f">= {TARGET_RATIO}", source="issue"
@@ -1428,6 +1566,22 @@ def targets(found: dict[str, Any], opts: Options) -> dict[str, dict[str, Any]]:
             lambda v: v <= TARGET_RSS_MIB,
             target=f"<= {TARGET_RSS_MIB:g} MiB with {TARGET_RSS_LEASES} leases",
             conditions_met=opts.leases >= TARGET_RSS_LEASES,
+        ),
+        "fleet_latency_p99_ms": check(
+            fleet_p99,
+            lambda v: v <= TARGET_P99_MS,
+            target=f"<= {TARGET_P99_MS:g} ms at {TARGET_P99_RATE:g}/s with "
+            f"{TARGET_FLEET_HOSTS} hosts and {TARGET_RSS_LEASES} live leases",
+            conditions_met=opts.rate >= TARGET_P99_RATE
+            and opts.fleet_hosts >= TARGET_FLEET_HOSTS
+            and opts.leases >= TARGET_RSS_LEASES,
+            source="issue 15",
+        ),
+        "snapshot_ratio": check(
+            found.get("snapshot_ratio"),
+            lambda v: v >= TARGET_SNAPSHOT_RATIO,
+            target=f">= {TARGET_SNAPSHOT_RATIO} of a bare read of the stream",
+            source="issue 15",
         ),
     }
 
@@ -1518,6 +1672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "latency_seconds": opts.latency_seconds,
         "leases": opts.leases,
         "soak_commands": opts.soak_commands if opts.soak else None,
+        "fleet_hosts": opts.fleet_hosts,
         "quick": opts.quick,
         "skipped": sorted(opts.skip),
         "seed": opts.seed,

@@ -75,6 +75,13 @@ def test_quick_bench_prints_one_json_line_with_every_figure(tmp_path: Path) -> N
     assert result["soak"] is None and result["soak_commands"] is None  # only with --soak
     for name in ("ratio", "ratio_io_floor", "latency_p99_ms", "peak_rss_mib"):
         assert isinstance(result["targets"][name]["pass"], bool), name
+    # issue 15: latency with a large fleet, and replay from a snapshot against a bare read
+    assert_numbers(result["fleet_latency_ms"], "p50", "p90", "p99", "max")
+    assert result["fleet"]["hosts"] == result["fleet_hosts"]
+    assert_numbers(result, "snapshot_ratio", "replay_from_snapshot_per_s", "bare_read_per_s")
+    assert result["snapshot"]["tail_inputs"] > 0 and result["snapshot"]["compared"] > 0
+    for name in ("fleet_latency_p99_ms", "snapshot_ratio"):
+        assert isinstance(result["targets"][name]["pass"], bool), name
     assert isinstance(result["machine"]["cpu_count"], int)
     assert isinstance(result["versions"]["nats_server"], str)
     assert isinstance(result["versions"]["nats_py"], str)

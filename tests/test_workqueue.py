@@ -541,3 +541,39 @@ async def test_run_with_resync_adds_every_key_again_and_shuts_the_queue_down() -
         await run_with_resync(queue, handler, keys=lambda: ["a", "b"], every_s=0.1, workers=2)
     assert seen.count("a") >= 3 and seen.count("b") >= 3
     assert queue.shutting_down
+
+
+async def test_a_resync_round_is_added_in_slices_spread_over_the_interval() -> None:
+    from reconciler.work.queue import run_with_resync
+
+    queue: WorkQueue[str] = WorkQueue(name="paced")
+    seen: list[str] = []
+
+    async def handler(key: str) -> None:
+        seen.append(key)
+
+    # six keys in slices of two over 300 s: the second slice is due after 100 s
+    with anyio.move_on_after(0.3):
+        await run_with_resync(
+            queue, handler, keys=lambda: list("abcdef"), every_s=300.0, slice_size=2
+        )
+    assert seen == ["a", "b"]
+
+
+async def test_a_resync_round_is_capped_at_its_rate() -> None:
+    from reconciler.work.queue import run_with_resync
+
+    queue: WorkQueue[str] = WorkQueue(name="capped")
+    seen: list[str] = []
+
+    async def handler(key: str) -> None:
+        seen.append(key)
+
+    # every 0.01 s would add everything at once; 2 keys at 0.01 keys/s waits 200 s
+    with anyio.move_on_after(0.3):
+        await run_with_resync(
+            queue, handler, keys=lambda: list("abcdef"), every_s=0.01, slice_size=2, max_rate=0.01
+        )
+    assert seen == ["a", "b"]
+    with pytest.raises(ValueError, match="max_rate"):
+        await run_with_resync(queue, handler, keys=list, every_s=1.0, max_rate=0)

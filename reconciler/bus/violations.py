@@ -68,7 +68,8 @@ class ViolationWatch:
     def __init__(self) -> None:
         self.count = 0
         self.last: PermissionViolation | None = None
-        self._changed = anyio.Event()
+        #: callbacks of the calls in progress (see :func:`guarded`)
+        self._waiters: set[Callable[[PermissionViolation], None]] = set()
 
     def record(self, error: BaseException | str) -> PermissionViolation | None:
         """Feed an error of the connection; the violation it is, if it is one."""
@@ -76,18 +77,15 @@ class ViolationWatch:
         if violation is not None:
             self.count += 1
             self.last = violation
-            self._changed.set()
-            self._changed = anyio.Event()
+            for waiter in list(self._waiters):
+                waiter(violation)
         return violation
 
-    async def next(self, match: Callable[[PermissionViolation], bool]) -> PermissionViolation:
-        """The next violation that ``match`` accepts."""
-        while True:
-            changed = self._changed
-            await changed.wait()
-            last = self.last
-            if last is not None and match(last):
-                return last
+    def add(self, waiter: Callable[[PermissionViolation], None]) -> None:
+        self._waiters.add(waiter)
+
+    def discard(self, waiter: Callable[[PermissionViolation], None]) -> None:
+        self._waiters.discard(waiter)
 
 
 _WATCHES: weakref.WeakKeyDictionary[Client, ViolationWatch] = weakref.WeakKeyDictionary()
@@ -114,34 +112,27 @@ async def guarded(
 ) -> T:
     """``await call()``, unless the server reports a violation first: then
     :class:`PermissionViolation`, at once. nats-py reports subjects in lower case: a
-    violation of one of ``subjects`` (the subjects the call uses) names it as written."""
+    violation of one of ``subjects`` (the subjects the call uses) names it as written.
+
+    The call runs in the caller's task (no task of its own: this is on the path of every
+    input a bridge publishes); a violation cancels it through a cancel scope."""
     watch = watch_of(nc)
-    refused: PermissionViolation | None = None
-    failed: BaseException | None = None
-    result: list[T] = []
-    async with anyio.create_task_group() as tg:
+    refused: list[PermissionViolation] = []
+    with anyio.CancelScope() as scope:
 
-        async def run() -> None:
-            nonlocal failed
-            try:
-                result.append(await call())
-            except Exception as exc:  # raised below, as itself (not in a group)
-                failed = exc
-            tg.cancel_scope.cancel()
+        def on_violation(violation: PermissionViolation) -> None:
+            if not refused and match(violation):
+                refused.append(violation)
+                scope.cancel()
 
-        async def watch_for_refusal() -> None:
-            nonlocal refused
-            refused = await watch.next(match)
-            tg.cancel_scope.cancel()
-
-        tg.start_soon(watch_for_refusal)
-        tg.start_soon(run)
-    if result:
-        return result[0]
-    if refused is not None:
-        for subject in subjects:
-            if subject.lower() == refused.subject.lower():
-                raise PermissionViolation(refused.operation, subject)
-        raise refused
-    assert failed is not None
-    raise failed
+        watch.add(on_violation)
+        try:
+            return await call()
+        finally:
+            watch.discard(on_violation)
+    # only a violation cancels the scope (an outer cancellation propagates past it)
+    violation = refused[0]
+    for subject in subjects:
+        if subject.lower() == violation.subject.lower():
+            raise PermissionViolation(violation.operation, subject)
+    raise violation

@@ -154,6 +154,7 @@ def run(**kwargs: Any) -> None:
             leader_ttl_s=kwargs["leader_ttl"],
             metrics_addr=kwargs["metrics_addr"],
             freeze_loaded_state=kwargs["gc_threshold"] > 0,
+            snapshot_interval_s=kwargs["snapshot_interval"],
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
@@ -185,11 +186,22 @@ def run(**kwargs: Any) -> None:
 @click.option(
     "--show", type=click.IntRange(min=0), default=20, show_default=True, help="Divergences shown."
 )
+@click.option(
+    "--from-snapshot",
+    is_flag=True,
+    help="Start from a snapshot even when the stream still starts at seq 1 (always done "
+    "when its oldest inputs aged out).",
+)
 @connect_timeout_option
 @decision_retention_option
 @oneshot_log_options
 def replay_command(
-    db: Path | None, as_json: bool, show: int, connect_timeout: float, **kwargs: Any
+    db: Path | None,
+    as_json: bool,
+    show: int,
+    from_snapshot: bool,
+    connect_timeout: float,
+    **kwargs: Any,
 ) -> None:
     """Fold the input stream into a fresh database and compare every decision with the
     output stream. Prints a digest of the state; exits 1 on any divergence."""
@@ -202,6 +214,7 @@ def replay_command(
                 prefix=common.prefix,
                 db=db,
                 decision_retention_s=retention,
+                from_snapshot=from_snapshot,
             )
         )
     except TimeoutError as exc:
@@ -221,6 +234,8 @@ def replay_command(
                     "compared": report.compared,
                     "divergences": len(report.divergences),
                     "digest": report.digest,
+                    "snapshot_seq": report.snapshot_seq,
+                    "snapshot_digest": report.snapshot_digest,
                     "details": [
                         {
                             "kind": d.kind,
@@ -235,6 +250,11 @@ def replay_command(
             )
         )
     else:
+        if report.snapshot_seq:
+            click.echo(
+                f"started from the snapshot at seq {report.snapshot_seq} "
+                f"(digest {report.snapshot_digest}): decisions before it are not compared"
+            )
         click.echo(
             f"replayed inputs {report.first_seq}..{report.last_seq}: {report.inputs} folded "
             f"({report.dead_letters} dead-lettered), {report.outputs} outputs, "

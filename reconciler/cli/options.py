@@ -204,6 +204,15 @@ def run_options(f: F) -> F:
                 help="Seconds the leader key lives without renewal (the bucket's TTL).",
             ),
             _option(
+                "snapshot-interval",
+                type=click.FloatRange(min=0),
+                default=3600.0,
+                show_default=True,
+                help="Seconds between the leader's snapshots of the state to the object store "
+                "<prefix>_snapshots (0: none). A replica with an empty store starts from the "
+                "newest one; replay starts from one when the stream's oldest inputs aged out.",
+            ),
+            _option(
                 "metrics-addr",
                 help="HOST:PORT for Prometheus /metrics, /healthz and /readyz (off when unset).",
             ),

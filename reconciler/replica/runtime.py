@@ -57,12 +57,19 @@ from reconciler.replica.retention import (
     DEFAULT_RESERVATION_TIMEOUT_S,
     ReservationReaper,
 )
+from reconciler.replica.snapshots import (
+    SnapshotBucket,
+    SnapshotPublisher,
+    restore_newest,
+    stream_identity,
+)
 from reconciler.replica.status import StatusReporter
 from reconciler.replica.topup import WarmPoolReconciler
 from reconciler.replica.verify import IncusPresence, SuspectVerifier
 from reconciler.store.sqlite import Store
 
 if TYPE_CHECKING:
+    from reconciler.core.state import State
     from reconciler.incus.client import IncusHost
     from reconciler.replica.metrics import MetricsServer
 
@@ -118,12 +125,18 @@ class RunConfig:
     freeze_loaded_state: bool = False
     #: the Incus hosts the leader may ask about suspect leases (live GETs)
     incus: tuple[IncusEndpoint, ...] = ()
+    #: the leader snapshots the state this often (0: never); a replica with an empty
+    #: store starts from the newest snapshot (``reconciler.replica.snapshots``)
+    snapshot_interval_s: float = 3600.0
+    snapshot_keep: int = 3
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", self.replica):
             raise ValueError(f"replica name must be 1-64 of [A-Za-z0-9_-], not {self.replica!r}")
         if self.workers < 1 or self.batch < 1 or self.stream_replicas < 1:
             raise ValueError("workers, batch and stream_replicas must be >= 1")
+        if self.snapshot_interval_s < 0 or self.snapshot_keep < 1:
+            raise ValueError("snapshot_interval_s must be >= 0 and snapshot_keep >= 1")
         for name in (
             "status_debounce_s",
             "status_progress_interval_s",
@@ -204,6 +217,9 @@ class Replica:
     ) -> None:
         cfg = self.config
         state = await store.load_state(decision_retention_s=cfg.decision_retention_s)
+        if state.applied_seq == 0 and await self._start_from_snapshot(js, store) is not None:
+            # loaded back as any store is, with this replica's retention
+            state = await store.load_state(decision_retention_s=cfg.decision_retention_s)
         if cfg.freeze_loaded_state:
             # the loaded state's objects form no cycles (refcounting frees what the fold
             # replaces), so freezing them costs nothing but the scans it saves; what is
@@ -272,6 +288,23 @@ class Replica:
                     await self.metrics.stop()
             self._log.info("replica.stopped", applied_seq=caches.committed_seq)
 
+    async def _start_from_snapshot(self, js: JetStreamContext, store: Store) -> State | None:
+        """An empty store starts from the newest snapshot, if there is one."""
+        info = await js.stream_info(self.names.in_stream)
+        first, last = int(info.state.first_seq or 0), int(info.state.last_seq or 0)
+        if last == 0:
+            return None
+        identity = await stream_identity(js, self.names.in_stream)
+        bucket = SnapshotBucket(js, self.config.prefix, identity)
+        snapshot = await restore_newest(bucket, store, stream_last=last, stream_first=first)
+        if snapshot is None and first > 1:
+            raise StartupError(
+                f"store {self.config.db} is empty and stream {self.names.in_stream} starts at "
+                f"seq {first} (inputs 1..{first - 1} aged out), but {bucket.name} holds no "
+                f"valid snapshot at or after seq {first - 1}: the state cannot be rebuilt"
+            )
+        return snapshot.state if snapshot is not None else None
+
     # ---------------------------------------------------------------- leader
 
     async def _lead(self, leadership: Leadership) -> None:
@@ -311,6 +344,12 @@ class Replica:
             workers=cfg.workers,
             interval_s=cfg.status_progress_interval_s,
         )
+        snapshots = SnapshotPublisher(
+            store=store,
+            bucket=SnapshotBucket(js, cfg.prefix, await stream_identity(js, self.names.in_stream)),
+            interval_s=cfg.snapshot_interval_s,
+            keep=cfg.snapshot_keep,
+        )
         self._publisher, self._reporter = publisher, reporter
         caches.add_listener(publisher.notify)
         try:
@@ -327,6 +366,8 @@ class Replica:
                 tg.start_soon(warm.run, name="warm-pools")
                 tg.start_soon(verifier.run, name="verify")
                 tg.start_soon(reaper.run, name="reservations")
+                if cfg.snapshot_interval_s > 0:
+                    tg.start_soon(snapshots.run, name="snapshots")
                 self.leader_ready = True
                 self._log.info("leader.ready", published_seq=leadership.published_seq)
         finally:

@@ -7,7 +7,13 @@ Rules:
   first change (changes meanwhile coalesce into that one publish), so a busy host costs
   at most one status per ``debounce_s``.
 - Every ``progress_interval_s`` every known host and pool is published again, so that a
-  watcher sees ``as_of_seq`` advance even when nothing about them changed.
+  watcher sees ``as_of_seq`` advance even when nothing about them changed. The round is
+  paced over the interval (:func:`~reconciler.work.queue.run_with_resync`) and capped at
+  :data:`PROGRESS_RATE` keys a second, and a key published less than an interval ago (it
+  changed lately) is skipped by it: with 10,000 hosts a full round takes 50 s in slices
+  of 64 keys, never a burst on the event loop that decides, and costs the bus 200 small
+  messages a second (issue 15). Changed hosts are still published ``debounce_s`` after
+  their change. The host keys come from the state's sorted host list (no sort per round).
 - Payloads come from :mod:`reconciler.core.status` over the committed state; a key the
   state no longer knows publishes nothing. Status is informational and has no
   ``Nats-Msg-Id``: it is a plain publish, captured by the OUT stream.
@@ -28,11 +34,14 @@ from reconciler.core.status import host_status, pool_status
 from reconciler.replica.caches import Caches, Commit
 from reconciler.work.queue import WorkQueue, run_with_resync
 
-__all__ = ["StatusKey", "StatusReporter"]
+__all__ = ["PROGRESS_RATE", "StatusKey", "StatusReporter"]
 
 logger = structlog.get_logger(__name__)
 
 StatusKey = tuple[Literal["host", "pool"], str]
+
+#: at most this many unchanged hosts and pools a second are published by a progress round
+PROGRESS_RATE = 200.0
 
 
 class StatusReporter:
@@ -57,13 +66,23 @@ class StatusReporter:
         self.workers = workers
         self.queue: WorkQueue[StatusKey] = WorkQueue(name="status", clock=clock)
         self.published = 0
+        self._clock = clock
+        #: key -> when it was last published; keys a resync round may skip
+        self._fresh: dict[StatusKey, float] = {}
+        #: keys queued by a resync round (not by a change)
+        self._resynced: set[StatusKey] = set()
 
     def notify(self, commit: Commit) -> None:
         """Commit listener: debounce a status for every host and pool the batch touched."""
+        resynced = self._resynced
         for host in commit.fx.hosts:
-            self.queue.add_after(("host", host), self.debounce_s)
+            key: StatusKey = ("host", host)
+            resynced.discard(key)  # a change: its run publishes, fresh or not
+            self.queue.add_after(key, self.debounce_s)
         for pool in commit.fx.pools:
-            self.queue.add_after(("pool", pool), self.debounce_s)
+            key = ("pool", pool)
+            resynced.discard(key)
+            self.queue.add_after(key, self.debounce_s)
 
     async def run(self) -> None:
         """Publish until cancelled."""
@@ -73,15 +92,26 @@ class StatusReporter:
             keys=self._everything,
             every_s=self.progress_interval_s,
             workers=self.workers,
+            max_rate=PROGRESS_RATE,
         )
 
     def _everything(self) -> list[StatusKey]:
         state = self.caches.state
-        hosts: list[StatusKey] = [("host", h) for h in sorted(state.hosts)]
-        return hosts + [("pool", p) for p in sorted(state.pools)]
+        stale = self._clock() - self.progress_interval_s
+        fresh = self._fresh
+        keys: list[StatusKey] = [("host", h) for h in state.host_order]
+        keys += [("pool", p) for p in sorted(state.pools)]
+        due = [k for k in keys if fresh.get(k, stale) <= stale]
+        self._resynced.update(due)
+        return due
 
     async def _publish(self, key: StatusKey) -> None:
         kind, name = key
+        if key in self._resynced:
+            self._resynced.discard(key)
+            last = self._fresh.get(key)
+            if last is not None and last > self._clock() - self.progress_interval_s:
+                return  # published since the round began (it changed): fresh enough
         state, as_of = self.caches.state, self.caches.committed_seq
         if kind == "host":
             payload = host_status(state, HostName(name), as_of_seq=as_of)
@@ -90,4 +120,5 @@ class StatusReporter:
         if payload is None:
             return
         await self.nc.publish(f"{self.prefix}.out.status.{kind}.{name}", orjson.dumps(payload))
+        self._fresh[key] = self._clock()
         self.published += 1

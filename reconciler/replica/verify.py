@@ -98,14 +98,23 @@ class SuspectVerifier:
         )
         self.published = 0
         self._unreachable: set[str] = set()
+        #: the suspect leases, kept up to date by :meth:`notify` after one scan when the
+        #: term starts, so that a resync round does not walk every lease (100,000 of
+        #: them: ~20 ms of the event loop) to find a handful
+        self._suspect: set[LeaseId] | None = None
 
     def notify(self, commit: Commit) -> None:
         """Commit listener: queue every suspect lease the batch touched."""
         leases = self.caches.state.leases
+        known = self._suspect
         for lease_id in commit.fx.leases:
             lease = leases.get(lease_id)
             if lease is not None and lease.active and lease.suspect_revision is not None:
                 self.queue.add(lease_id)
+                if known is not None:
+                    known.add(lease_id)
+            elif known is not None:
+                known.discard(lease_id)
 
     async def run(self) -> None:
         await run_with_resync(
@@ -117,8 +126,21 @@ class SuspectVerifier:
         )
 
     def _suspects(self) -> list[LeaseId]:
-        leases = self.caches.state.leases.values()
-        return [le.lease_id for le in leases if le.active and le.suspect_revision is not None]
+        leases = self.caches.state.leases
+        if self._suspect is None:  # once per term, then kept by notify
+            self._suspect = {
+                le.lease_id
+                for le in leases.values()
+                if le.active and le.suspect_revision is not None
+            }
+        still = []
+        for lease_id in sorted(self._suspect):
+            lease = leases.get(lease_id)
+            if lease is not None and lease.active and lease.suspect_revision is not None:
+                still.append(lease_id)
+            else:
+                self._suspect.discard(lease_id)
+        return still
 
     async def verify(self, lease_id: LeaseId) -> None:
         """One live GET for one suspect lease, published as an observation."""

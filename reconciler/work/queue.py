@@ -27,7 +27,14 @@ The queue is not thread-safe: use it from one event loop.
 :func:`run_workers` runs ``n`` workers over a queue. A handler's failure decides the
 retry, after kopf: :class:`PermanentError` is logged and forgotten, :class:`TemporaryError`
 is retried after its ``delay`` (or the key's backoff), any other exception is retried with
-backoff.
+backoff. A worker lets the event loop run after every key, even when the next one is
+ready at once, so that a long queue never holds the loop (the fold and the publishing of
+decisions share it): the loop is held for one handler at most.
+
+:func:`run_with_resync` adds every key again every interval, *paced*: a round's keys
+are added in slices of at most :data:`RESYNC_SLICE`, spread evenly over the interval, so
+that a round over 10,000 hosts is ~1,000 keys a second in small steps, not 10,000 keys
+at once.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import anyio
 import structlog
 
 __all__ = [
+    "RESYNC_SLICE",
     "ExponentialBackoff",
     "Handler",
     "PermanentError",
@@ -323,6 +331,10 @@ async def run_workers(queue: WorkQueue[K], handler: Handler[K], *, workers: int 
             tg.start_soon(_work, queue, handler, index, name=f"{queue.name}-worker-{index}")
 
 
+#: at most this many keys of a resync round are added at once (see the module's rules)
+RESYNC_SLICE = 64
+
+
 async def run_with_resync(
     queue: WorkQueue[K],
     handler: Handler[K],
@@ -330,15 +342,31 @@ async def run_with_resync(
     keys: Callable[[], Iterable[K]],
     every_s: float,
     workers: int = 1,
+    slice_size: int = RESYNC_SLICE,
+    max_rate: float | None = None,
 ) -> None:
     """:func:`run_workers`, plus every key of ``keys()`` added again every ``every_s``
-    (client-go's resync: a lost event is made up for). Shuts the queue down on exit."""
+    (client-go's resync: a lost event is made up for), paced as the module's rules say:
+    a round of ``n`` keys is added ``slice_size`` at a time, a slice every
+    ``every_s * slice_size / n`` seconds, and never more than ``max_rate`` keys a second
+    (a round of many keys then takes longer than ``every_s``). Shuts the queue down on
+    exit."""
+    if slice_size < 1:
+        raise ValueError(f"slice_size must be >= 1, got {slice_size!r}")
+    if max_rate is not None and not max_rate > 0:
+        raise ValueError(f"max_rate must be > 0, got {max_rate!r}")
 
     async def resync() -> None:
         while True:
-            for key in keys():
-                queue.add(key)
-            await anyio.sleep(every_s)
+            round_keys = list(keys())
+            slices = max(1, math.ceil(len(round_keys) / slice_size))
+            pause = every_s / slices
+            if max_rate is not None:
+                pause = max(pause, min(slice_size, len(round_keys)) / max_rate)
+            for start in range(0, max(len(round_keys), 1), slice_size):
+                for key in round_keys[start : start + slice_size]:
+                    queue.add(key)
+                await anyio.sleep(pause)
 
     try:
         async with anyio.create_task_group() as tg:
@@ -381,3 +409,5 @@ async def _work(queue: WorkQueue[K], handler: Handler[K], index: int) -> None:
             queue.forget(key)
         finally:
             queue.done(key)
+        # the next key may be ready at once: let the loop run first (module rules)
+        await anyio.lowlevel.checkpoint()
