@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The project's benchmark: ``reconciler run`` end to end, over its own nats-server.
 
-Performance is measured here, never by timed unit tests (DESIGN.md, "Performance
-targets"): as ratios against a bare nats-py loop measured in the same run, as latency
+Performance is measured here, never by timed unit tests (docs/performance.md,
+"Targets"): as ratios against a bare nats-py loop measured in the same run, as latency
 percentiles, and as memory. Everything runs against a ``nats-server -js`` that this script
 starts on a random loopback port in a temporary directory and stops at the end; the
 reconciler is the real one, ``python -m reconciler.cli.main run``, as a subprocess (so the
@@ -146,7 +146,7 @@ QUICK = {
     "leases": 3_000,
     "fleet_hosts": 200,
 }
-#: the targets (DESIGN.md, "Performance targets", and the issue); see ``targets``
+#: the targets (docs/performance.md, "Targets"); see ``targets``
 TARGET_RATIO = 0.6
 TARGET_RATIO_DESIGN = 0.85
 TARGET_P99_MS = 20.0
@@ -1535,7 +1535,7 @@ def targets(found: dict[str, Any], opts: Options) -> dict[str, dict[str, Any]]:
             ratio,
             lambda v: v >= TARGET_RATIO_DESIGN,
             target=f">= {TARGET_RATIO_DESIGN}",
-            source="DESIGN.md",
+            source="design",
         ),
         "latency_p99_ms": check(
             p99,

@@ -1,4 +1,5 @@
-"""Input decoding (subject + bytes → typed input) and dead letters (CONTRACT.md, "Dead letters").
+"""Input decoding (subject + bytes → typed input) and dead letters (docs/interface.md,
+"Dead letters").
 
 Rules:
 

@@ -1,4 +1,5 @@
-"""The JetStream streams and the leader bucket of CONTRACT.md ("Streams"), created idempotently.
+"""The JetStream streams and the leader bucket of docs/interface.md ("Streams"), created
+idempotently.
 
 Rules:
 

@@ -1,4 +1,4 @@
-"""The ``reconciler`` command line (CONTRACT.md, "Command line")."""
+"""The ``reconciler`` command line (docs/cli.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The common command-line options of CONTRACT.md ("Command line"), shared by every command.
+"""The common command-line options of docs/cli.md, shared by every command.
 
 Each option is also an environment variable ``RC_<NAME>`` (``--nats-url`` is
 ``RC_NATS_URL``); a flag given on the command line wins. Commands take the options they

@@ -1,4 +1,4 @@
-"""The retention options of ``reconciler run`` (CONTRACT.md, "Retention").
+"""The retention options of ``reconciler run`` (docs/long-lived.md).
 
 ``--decision-retention`` is part of the fold: every replica, and every ``reconciler
 replay`` of the same stream, must use the same value, or they evict different things at

@@ -1,7 +1,7 @@
 """Retention's clock: what the fold will forget, by the second it became forgettable.
 
 Decided request ids and released leases are kept ``decision_retention_s`` seconds of
-stream time after their final decision or their release (CONTRACT.md, "Retention").
+stream time after their final decision or their release (docs/long-lived.md).
 This index files each under the second (epoch, from the input message's timestamp) it
 was decided or released, in per-second buckets with a min-heap of the bucket seconds,
 so a fold step finds what expired in O(expired + log buckets): never a scan of every

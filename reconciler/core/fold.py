@@ -1,6 +1,6 @@
 """The fold: every input, in stream order, applied to the state, returning its effects.
 
-This is where every safety rule lives (DESIGN.md, principle 1). It is deterministic:
+This is where every safety rule lives (docs/architecture.md, rule 1). It is deterministic:
 time is the input message's timestamp, ids derive from the input sequence and the
 request ids, and every choice ends in a total order on names. A message at or below
 ``state.applied_seq`` is skipped, so a redelivered batch changes nothing.

@@ -1,4 +1,4 @@
-"""Read-only answers over the folded state (CONTRACT.md, "Queries").
+"""Read-only answers over the folded state (docs/interface.md, "Queries").
 
 Each function returns the ``result`` of a reply or raises :class:`QueryError` with one
 of the contract's codes. The journal history of the ``lease`` query lives in the store,

@@ -4,7 +4,7 @@ A decided request id is remembered (and its decision republished unchanged) for
 ``state.decision_retention_s`` seconds of stream time after its final decision; a
 released lease is kept as long after its release. Then both are evicted from the state
 and named in the step's effects, so the store deletes their rows in the transaction
-that commits the step (CONTRACT.md, "Retention").
+that commits the step (docs/long-lived.md).
 
 Rules:
 

@@ -126,7 +126,7 @@ class DecisionRecord:
 
     @property
     def msg_id(self) -> str:
-        """Its ``Nats-Msg-Id`` (CONTRACT.md): derived, so no copy is kept per request."""
+        """Its ``Nats-Msg-Id`` (docs/interface.md): derived, so no copy is kept per request."""
         return f"decision:{self.request_id}:{self.phase}"
 
 

@@ -1,6 +1,6 @@
 """Hosts and pools at a glance: the payloads of ``out.status.host.<host>`` and
-``out.status.pool.<pool>`` (CONTRACT.md, "Other outputs"), and the warm-pool deficit the
-leader's top-up reconciler acts on.
+``out.status.pool.<pool>`` (docs/interface.md, "Status, rejections and dead letters"),
+and the warm-pool deficit the leader's top-up reconciler acts on.
 
 Rules:
 

@@ -1,6 +1,6 @@
 """``reconciler executor``: the reconciler's create and delete commands, carried out on Incus.
 
-Rules (CONTRACT.md, "Other outputs"):
+Rules (docs/interface.md, "Executor commands"):
 
 - **One durable pull consumer per managed host** on the OUT stream, named
   ``executor-<host>`` and filtered to ``<prefix>.out.exec.<host>.>`` (nats-server 2.9: one

@@ -1,6 +1,6 @@
 """The caches: every replica folds the IN stream, in order, into its SQLite store.
 
-Rules (DESIGN.md, principles 3 and 7):
+Rules (docs/architecture.md, rules 3 and 7):
 
 - A batch of deliveries is decoded and folded in stream order into the in-memory state,
   then written in one store transaction together with its journal, its outputs (the

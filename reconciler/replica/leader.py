@@ -1,6 +1,7 @@
-"""Leader election over the leader bucket (CONTRACT.md: KV ``<prefix>_leader``, key ``leader``).
+"""Leader election over the leader bucket (docs/interface.md: KV ``<prefix>_leader``, key
+``leader``).
 
-Rules (DESIGN.md, principle 1: liveness lives in the leader, safety in the fold):
+Rules (docs/architecture.md, rule 1: liveness lives in the leader, safety in the fold):
 
 - A replica becomes leader by *creating* the key (it succeeds only when the key is
   absent: never held, deleted, or expired by the bucket's TTL). It stays leader by

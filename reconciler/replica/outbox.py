@@ -1,6 +1,6 @@
 """The leader's outbox publisher: committed outputs onto the OUT stream, exactly once.
 
-Rules (DESIGN.md, principle 3):
+Rules (docs/architecture.md, rule 3):
 
 - Only the leader publishes. On election it first drains every unpublished batch its
   store holds (the previous leader may have died between commit and publish); the leader

@@ -1,4 +1,4 @@
-"""Queries over core NATS request-reply (CONTRACT.md, "Queries").
+"""Queries over core NATS request-reply (docs/interface.md, "Queries").
 
 Rules:
 

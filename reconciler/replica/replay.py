@@ -1,6 +1,6 @@
 """Replay for audit: fold the IN stream into a fresh store and compare with the OUT stream.
 
-Rules (DESIGN.md, principle 2):
+Rules (docs/architecture.md, rule 2):
 
 - The stream is folded from its first message by exactly the code ``reconciler run``
   uses (:class:`~reconciler.replica.caches.Caches`: decoding, dead letters, the fold,

@@ -1,11 +1,11 @@
-"""The leader's reaper of abandoned reservations (CONTRACT.md, "Retention").
+"""The leader's reaper of abandoned reservations (docs/long-lived.md).
 
 A cold lease is ``reserved`` from its admission until its creator reports the VM
 created (``mark-created``). A creator that crashed in between never does: without this,
 the lease would hold its capacity (and GPUs) forever. The leader releases it, as the
 warm-pool reconciler releases warm VMs that never boot:
 
-- Rules (DESIGN.md: the fold stays the only judge): the reaper never changes state. For
+- Rules (docs/architecture.md: the fold stays the only judge): the reaper never changes state. For
   a cold lease still reserved ``timeout_s`` after its admission it publishes a
   ``release`` command on the IN stream, request id ``abandon-<lease_id>`` (and that as
   ``in:…`` ``Nats-Msg-Id``), so two leaders publish one command, and the fold, which

@@ -1,6 +1,6 @@
 """One replica of ``reconciler run``: caches, queries and leader election, over one store.
 
-Rules (DESIGN.md, "Data flow"):
+Rules (docs/architecture.md, "The exactly-once path"):
 
 - Start-up, in order: connect to NATS, create or reconcile the streams and the leader
   bucket, open and migrate the store, load its state, refuse a store that is *ahead* of
@@ -105,7 +105,7 @@ class RunConfig:
     live_get_timeout_s: float = 5.0
     #: a warm VM not ready this long after its admission is released (and asked again)
     warm_boot_timeout_s: float = 600.0
-    #: retention (CONTRACT.md "Retention"): decided request ids and released leases are
+    #: retention (docs/long-lived.md): decided request ids and released leases are
     #: evicted this long (stream time) after their final decision or release; the store
     #: prunes lease history older than ``journal_retention_s``; a cold lease still
     #: reserved ``reservation_timeout_s`` after its admission is released
@@ -404,7 +404,7 @@ class Replica:
     # ---------------------------------------------------------------- health
 
     async def health(self) -> dict[str, Any]:
-        """The ``health`` query's result (CONTRACT.md), with additions: this replica's
+        """The ``health`` query's result (docs/interface.md), with additions: this replica's
         name, whether it leads, and ``published_seq`` (every output of every input up to
         it is on the bus)."""
         caches = self.caches

@@ -1,6 +1,6 @@
 """The leader's warm-pool reconciler: keep ``min_ready`` warm VMs booting or ready per pool.
 
-Rules (DESIGN.md: the fold stays the only judge):
+Rules (docs/architecture.md: the fold stays the only judge):
 
 - The reconciler never changes state and never creates a VM. For a pool short of warm VMs
   (:func:`reconciler.core.status.warm_deficit`: below ``min_ready``, never beyond

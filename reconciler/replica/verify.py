@@ -1,4 +1,4 @@
-"""The leader's live verification of suspect leases (CONTRACT.md: ``…observation``).
+"""The leader's live verification of suspect leases (docs/interface.md: ``…observation``).
 
 A lease missing from an inventory is only *suspect* (the fold never releases on an
 inventory alone). This reconciler asks the lease's Incus host directly, with a bounded

@@ -133,7 +133,7 @@ _V4 = (
 )
 
 _V5 = (
-    # retention (CONTRACT.md "Retention"): the stream second of a request's final decision
+    # retention (docs/long-lived.md): the stream second of a request's final decision
     # and of a lease's release, from which the fold counts before evicting them
     "ALTER TABLE decisions ADD COLUMN final_at INTEGER",
     "ALTER TABLE leases ADD COLUMN released_at INTEGER",

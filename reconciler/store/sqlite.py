@@ -1,6 +1,6 @@
 """The SQLite store: folded state, lease journal, outbox and stream position.
 
-One batch of folded inputs is one ``BEGIN IMMEDIATE … COMMIT`` (DESIGN.md, principle 3):
+One batch of folded inputs is one ``BEGIN IMMEDIATE … COMMIT`` (docs/architecture.md, rule 3):
 the rows of every entity the batch changed (read from the state; a changed entity that
 is no longer in the state is deleted; a lease changing does not change its host's or
 pool's row), the journal of its lease transitions, its outputs in the outbox, and the

@@ -1,6 +1,6 @@
 """Keyed work queues for the leader's reconcilers, after client-go's ``workqueue``.
 
-Rules (DESIGN.md, "keyed work queues"); each holds at every instant:
+Rules (docs/architecture.md, "Packages"); each holds at every instant:
 
 - **Dedup.** A key queued twice is queued once. Queued keys are handed out in FIFO order of
   their first queueing.
