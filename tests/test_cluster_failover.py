@@ -23,6 +23,7 @@ import anyio
 import orjson
 import pytest
 from nats.js import api
+from nats.js.errors import KeyNotFoundError
 
 from reconciler.bus.connection import connect
 from reconciler.bus.sending import publish
@@ -130,7 +131,16 @@ async def test_node_kills_under_load_decide_every_command_exactly_once(tmp_path:
                     while sent < len(load.items) // 2:  # noqa: ASYNC110 - a counter
                         await anyio.sleep(0.1)
                 kv = await js.key_value("rc_leader")
-                holder = orjson.loads((await kv.get("leader")).value or b"{}")["holder"]
+                holder = None
+                with anyio.fail_after(30):
+                    while holder is None:  # no key between a lapse and the next holder
+                        try:
+                            entry = await kv.get("leader")
+                            holder = orjson.loads(entry.value or b"{}").get("holder")
+                        except KeyNotFoundError:
+                            pass
+                        if holder is None:
+                            await anyio.sleep(0.2)
                 node = await anyio.to_thread.run_sync(
                     lambda: connected_node(dep, f"reconciler-{holder}")
                 )

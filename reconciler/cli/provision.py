@@ -3,7 +3,8 @@
 Why: in a least-privilege deployment no component may create or change streams. An
 admin user runs this once (and again after changing a setting; it is idempotent):
 
-- the IN and OUT streams and the leader bucket, with ``--stream-replicas`` replicas
+- the IN and OUT streams, the leader bucket and the snapshots' object store, with
+  ``--stream-replicas`` replicas
   (an existing stream's replica count and limits are updated to what is asked);
 - one durable consumer per ``--executor-host`` on the OUT stream, as the executor would
   create it (``executor-<host>``, filter ``<prefix>.out.exec.<host>.>``, delivering new
@@ -30,6 +31,7 @@ from reconciler.bus.streams import StreamNames, StreamSetupError, ensure_streams
 from reconciler.bus.violations import PermissionViolation, guarded
 from reconciler.cli.options import Common, bus_options, common_from, log_options
 from reconciler.executor.executor import ExecutorConfig, consumer_name
+from reconciler.replica.snapshots import SnapshotBucket
 
 __all__ = ["provision"]
 
@@ -95,9 +97,11 @@ async def _provision(
         await ensure_streams(
             js, names, leader_ttl_s=leader_ttl_s, replicas=replicas, manage_replicas=True
         )
+        snapshots = SnapshotBucket(js, common.prefix, replicas=replicas)
+        await snapshots.ensure()
         done = [
-            f"streams {names.in_stream}, {names.out_stream} and bucket {names.leader_bucket}: "
-            f"{replicas} replica(s)"
+            f"streams {names.in_stream}, {names.out_stream}, bucket {names.leader_bucket} and "
+            f"object store {snapshots.name}: {replicas} replica(s)"
         ]
         for host in hosts:
             durable = consumer_name(host)

@@ -296,7 +296,20 @@ class Replica:
             return None
         identity = await stream_identity(js, self.names.in_stream)
         bucket = SnapshotBucket(js, self.config.prefix, identity)
-        snapshot = await restore_newest(bucket, store, stream_last=last, stream_first=first)
+        try:
+            snapshot = await restore_newest(bucket, store, stream_last=last, stream_first=first)
+        except Exception as exc:  # the bucket unreadable: not allowed, or no stream leader
+            if first > 1:
+                raise StartupError(
+                    f"store {self.config.db} is empty and stream {self.names.in_stream} starts "
+                    f"at seq {first}, but the snapshots in {bucket.name} cannot be read: "
+                    f"{exc or type(exc).__name__}"
+                ) from None
+            # the whole stream is there: a snapshot only saves time
+            self._log.warning(
+                "snapshot.unavailable", bucket=bucket.name, error=str(exc) or type(exc).__name__
+            )
+            return None
         if snapshot is None and first > 1:
             raise StartupError(
                 f"store {self.config.db} is empty and stream {self.names.in_stream} starts at "
@@ -346,7 +359,12 @@ class Replica:
         )
         snapshots = SnapshotPublisher(
             store=store,
-            bucket=SnapshotBucket(js, cfg.prefix, await stream_identity(js, self.names.in_stream)),
+            bucket=SnapshotBucket(
+                js,
+                cfg.prefix,
+                await stream_identity(js, self.names.in_stream),
+                replicas=cfg.stream_replicas,
+            ),
             interval_s=cfg.snapshot_interval_s,
             keep=cfg.snapshot_keep,
         )

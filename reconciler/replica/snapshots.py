@@ -85,11 +85,25 @@ class SnapshotBucket:
     """The snapshots of one prefix (the object store is created on first put), of the
     input stream ``identity`` names (:func:`stream_identity`; ``None``: any)."""
 
-    def __init__(self, js: JetStreamContext, prefix: str, identity: str | None = None) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        prefix: str,
+        identity: str | None = None,
+        *,
+        replicas: int = 1,
+    ) -> None:
         self.js = js
         self.name = bucket_name(prefix)
         self.identity = identity
+        #: the object store's replicas when this bucket creates it (``--stream-replicas``)
+        self.replicas = replicas
         self._store: ObjectStore | None = None
+
+    async def ensure(self) -> None:
+        """Create the object store unless it exists (``reconciler provision``: replicas
+        then need no stream-create permission for it)."""
+        await self._open(create=True)
 
     async def _open(self, *, create: bool) -> ObjectStore | None:
         if self._store is None:
@@ -101,7 +115,8 @@ class SnapshotBucket:
                 self._store = await self.js.create_object_store(
                     self.name,
                     config=api.ObjectStoreConfig(
-                        description="reconciler state snapshots (reconciler.store.snapshot)"
+                        description="reconciler state snapshots (reconciler.store.snapshot)",
+                        replicas=self.replicas,
                     ),
                 )
         return self._store
