@@ -58,7 +58,13 @@ def test_every_relative_link_resolves_inside_the_repository(doc: Path) -> None:
         if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:…
             continue
         file_part, _, anchor = target.partition("#")
-        resolved = (doc.parent / unquote(file_part)).resolve() if file_part else doc
+        if ".." in Path(file_part).parts:
+            # what lies above a folder is reached from the repository's root ("/docs/…",
+            # as GitHub reads it), so no link can look like it leaves the repository
+            problems.append(f"{target}: climbs with '..'; link from the root with '/'")
+            continue
+        base = ROOT if file_part.startswith("/") else doc.parent
+        resolved = (base / unquote(file_part.lstrip("/"))).resolve() if file_part else doc
         if not resolved.is_relative_to(ROOT):
             problems.append(f"{target}: outside the repository")
         elif not resolved.exists():
