@@ -854,13 +854,11 @@ class Baseline:
     client_cpu_us: float
 
 
-async def baseline_fetch_ack(
-    ctx: Context, names: StreamNames, *, total: int, durable: str
-) -> Baseline:
-    """A bare nats-py ``fetch(batch)`` + ``msg.ack()`` loop over the whole IN stream, with
-    the reconciler's consumer settings (``InputConsumer.start``)."""
-    js, batch = ctx.js, ctx.opts.batch
-    await js.add_consumer(
+async def _pull_from_start(ctx: Context, names: StreamNames, durable: str) -> Any:
+    """A pull subscription on a new durable over the whole IN stream, with the reconciler's
+    consumer settings (``InputConsumer.start``): what the baselines measure against."""
+    batch = ctx.opts.batch
+    await ctx.js.add_consumer(
         names.in_stream,
         config=api.ConsumerConfig(
             durable_name=durable,
@@ -873,9 +871,18 @@ async def baseline_fetch_ack(
             replay_policy=api.ReplayPolicy.INSTANT,
         ),
     )
-    sub = await js.pull_subscribe_bind(
+    return await ctx.js.pull_subscribe_bind(
         durable=durable, stream=names.in_stream, pending_msgs_limit=max(8 * batch, 4096)
     )
+
+
+async def baseline_fetch_ack(
+    ctx: Context, names: StreamNames, *, total: int, durable: str
+) -> Baseline:
+    """A bare nats-py ``fetch(batch)`` + ``msg.ack()`` loop over the whole IN stream, with
+    the reconciler's consumer settings (``InputConsumer.start``)."""
+    js, batch = ctx.js, ctx.opts.batch
+    sub = await _pull_from_start(ctx, names, durable)
     try:
         got = 0
         started = time.perf_counter()
@@ -914,22 +921,7 @@ async def io_floor(ctx: Context, names: StreamNames, *, total: int, durable: str
     batch sent before any answer is awaited (one reply subscription, as the reconciler's
     publisher does), and the inputs are acked once all are confirmed."""
     js, nc, batch = ctx.js, ctx.nc, ctx.opts.batch
-    await js.add_consumer(
-        names.in_stream,
-        config=api.ConsumerConfig(
-            durable_name=durable,
-            deliver_policy=api.DeliverPolicy.ALL,
-            ack_policy=api.AckPolicy.EXPLICIT,
-            ack_wait=60.0,
-            max_deliver=-1,
-            max_ack_pending=max(4 * batch, 1000),
-            max_waiting=16,
-            replay_policy=api.ReplayPolicy.INSTANT,
-        ),
-    )
-    sub = await js.pull_subscribe_bind(
-        durable=durable, stream=names.in_stream, pending_msgs_limit=max(8 * batch, 4096)
-    )
+    sub = await _pull_from_start(ctx, names, durable)
     loop = asyncio.get_running_loop()
     inbox = nc.new_inbox()
     state: dict[str, Any] = {"answers": 0, "errors": 0, "want": 0, "done": None}

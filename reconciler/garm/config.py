@@ -18,29 +18,13 @@ from urllib.parse import quote
 
 from reconciler.bus.connection import DEFAULT_NATS_URL, ConnectOptions, parse_urls
 from reconciler.garm.protocol import ProviderError
+from reconciler.garm.schemas import ADMISSION_VERBS, NUMBER_KEYS, STRING_KEYS
 from reconciler.incus.endpoints import IncusEndpoint
 
-__all__ = ["ADMISSION_VERBS", "ProviderConfig", "load_config"]
+__all__ = ["ProviderConfig", "load_config"]
 
-ADMISSION_VERBS = ("admit-preemptible", "admit")
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,128}")
-_STRINGS = (
-    "nats_url",
-    "nats_user",
-    "nats_password",
-    "nats_creds",
-    "nats_nkey",
-    "tls_ca",
-    "tls_cert",
-    "tls_key",
-    "inbox_prefix",
-    "prefix",
-    "incus_cert",
-    "incus_key",
-    "admission",
-)
-_NUMBERS = ("decision_timeout", "query_timeout", "incus_timeout")
-_KNOWN = {*_STRINGS, *_NUMBERS, "incus_verify", "incus", "pools"}
+_KNOWN = {*STRING_KEYS, *NUMBER_KEYS, "incus_verify", "incus", "pools"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,10 +72,10 @@ def _check_types(raw: Mapping[str, Any]) -> None:
     unknown = sorted(set(raw) - _KNOWN)
     if unknown:
         raise ProviderError(f"config: unknown key(s) {', '.join(unknown)}")
-    for key in _STRINGS:
+    for key in STRING_KEYS:
         if key in raw and not isinstance(raw[key], str):
             raise ProviderError(f"config: {key} must be a string")
-    for key in _NUMBERS:
+    for key in NUMBER_KEYS:
         value = raw.get(key)
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int | float) or value <= 0

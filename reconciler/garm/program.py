@@ -24,6 +24,7 @@ import orjson
 import structlog
 
 from reconciler.garm.protocol import ExitCode, Invocation, ProviderError, parse_bootstrap
+from reconciler.garm.schemas import CONFIG_SCHEMA, EXTRA_SPECS_SCHEMA
 
 __all__ = ["COMMANDS", "main", "run"]
 
@@ -46,57 +47,6 @@ COMMANDS = (
     "StopInstance",
     *sorted(_LOCAL),
 )
-
-EXTRA_SPECS_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": "reconciler GARM provider: pool extra specs",
-    "type": "object",
-    "properties": {
-        "runner_install_template": {
-            "type": "string",
-            "description": "base64 of the rendered install script (GARM sets it itself)",
-        }
-    },
-    "additionalProperties": True,
-}
-
-CONFIG_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": "reconciler GARM provider: configuration file (TOML)",
-    "type": "object",
-    "properties": {
-        **{
-            key: {"type": "string"}
-            for key in (
-                "nats_url",
-                "nats_user",
-                "nats_password",
-                "nats_creds",
-                "nats_nkey",
-                "tls_ca",
-                "tls_cert",
-                "tls_key",
-                "inbox_prefix",
-                "prefix",
-                "incus_cert",
-                "incus_key",
-            )
-        },
-        "incus_verify": {"type": ["boolean", "string"]},
-        "admission": {"enum": ["admit-preemptible", "admit"]},
-        "decision_timeout": {"type": "number", "exclusiveMinimum": 0},
-        "query_timeout": {"type": "number", "exclusiveMinimum": 0},
-        "incus_timeout": {"type": "number", "exclusiveMinimum": 0},
-        "incus": {
-            "type": "object",
-            "properties": {"hosts": {"type": "object", "additionalProperties": {"type": "string"}}},
-            "additionalProperties": False,
-        },
-        "pools": {"type": "object", "additionalProperties": {"type": "string"}},
-    },
-    "additionalProperties": False,
-}
-
 
 def _configure_logging(stderr: TextIO) -> None:
     structlog.configure(
