@@ -156,6 +156,7 @@ def test_warm_admit_reserves_and_publishes_the_exec_create_command() -> None:
         "profiles": ["default"],
         "demand": res(2, 4096, 20),
         "gpus": [{"index": 0, "pci_address": "0000:01:00.0"}],
+        "instance_type": "virtual-machine",
     }
     exec_out = next(o for o in fx.outputs if o.subject.startswith("out.exec."))
     assert exec_out.msg_id == create["command_id"]
@@ -172,6 +173,15 @@ def test_a_pool_of_containers_carries_its_instance_type_on_the_create_command() 
 
 def test_a_pool_that_names_virtual_machines_says_so_on_the_create_command() -> None:
     fleet = fleet_of(snapshot("h1"), pool("warm", max_ready=2, instance_type="virtual-machine"))
+
+    fx = fleet.send(admit("r1", "warm", "w1", kind="warm"))
+
+    ((_, create),) = outputs(fx, "out.exec.")
+    assert create["instance_type"] == "virtual-machine"
+
+
+def test_a_pool_that_says_nothing_asks_for_virtual_machines_on_the_create_command() -> None:
+    fleet = fleet_of(snapshot("h1"), pool("warm", max_ready=2))
 
     fx = fleet.send(admit("r1", "warm", "w1", kind="warm"))
 

@@ -29,6 +29,7 @@ from reconciler.core.model import (
     GpuProfile,
     Host,
     HostName,
+    InstanceType,
     JobId,
     Lease,
     LeaseId,
@@ -258,9 +259,9 @@ class _Step:
             "profiles": list(pool.profiles),
             "demand": lease.demand.as_dict(),
             "gpus": [{"index": i, "pci_address": by_index[i].pci_address} for i in lease.gpus],
+            # always the pool's type, its default spelled out: the executor need not know it
+            "instance_type": (pool.instance_type or InstanceType.VIRTUAL_MACHINE).value,
         }
-        if pool.instance_type is not None:  # absent when unset: older outputs stay byte-equal
-            payload["instance_type"] = pool.instance_type.value
         self.fx.outputs.append(Output(f"out.exec.{lease.host}.create", command_id, encode(payload)))
 
     def reject_config(self, kind: str, name: str, error: str) -> None:
