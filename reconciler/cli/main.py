@@ -25,6 +25,7 @@ from reconciler.cli.options import (
     incus_options,
     log_options,
     run_options,
+    stream_replicas_option,
 )
 from reconciler.cli.overview import overview_lines
 from reconciler.cli.retention_options import decision_retention_option, retention_options
@@ -100,15 +101,9 @@ def cli() -> None:
     show_default=True,
     help="Input messages fetched and committed per batch at most.",
 )
-@click.option(
-    "--stream-replicas",
-    envvar="RC_STREAM_REPLICAS",
-    show_envvar=True,
-    type=click.IntRange(min=1, max=5),
-    default=1,
-    show_default=True,
-    help="Replicas of the streams and the leader bucket when this replica creates them "
-    "(3 on a 3-node NATS cluster); existing ones are left as they are.",
+@stream_replicas_option(
+    "Replicas of the streams and the leader bucket when this replica creates them "
+    "(3 on a 3-node NATS cluster); existing ones are left as they are."
 )
 @click.option(
     "--store-writer",

@@ -144,6 +144,18 @@ def bus_options(f: F) -> F:
     )
 
 
+def stream_replicas_option(help_text: str) -> Callable[[F], F]:
+    """``--stream-replicas`` (``RC_STREAM_REPLICAS``): replicas of the streams and the
+    leader bucket, for the commands that may create them (``run``, ``provision``)."""
+    return _option(
+        "stream-replicas",
+        type=click.IntRange(min=1, max=5),
+        default=1,
+        show_default=True,
+        help=help_text,
+    )
+
+
 def db_option(f: F) -> F:
     """``--db``: the SQLite file."""
     return _option(

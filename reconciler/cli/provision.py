@@ -29,7 +29,13 @@ from nats.js.errors import NotFoundError
 from reconciler.bus.connection import connect
 from reconciler.bus.streams import StreamNames, StreamSetupError, ensure_streams
 from reconciler.bus.violations import PermissionViolation, guarded
-from reconciler.cli.options import Common, bus_options, common_from, log_options
+from reconciler.cli.options import (
+    Common,
+    bus_options,
+    common_from,
+    log_options,
+    stream_replicas_option,
+)
 from reconciler.executor.executor import ExecutorConfig, consumer_name
 from reconciler.replica.snapshots import SnapshotBucket
 
@@ -40,15 +46,7 @@ _EXECUTOR_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fie
 
 @click.command()
 @bus_options
-@click.option(
-    "--stream-replicas",
-    envvar="RC_STREAM_REPLICAS",
-    show_envvar=True,
-    type=click.IntRange(min=1, max=5),
-    default=1,
-    show_default=True,
-    help="Replicas of the streams and the leader bucket (3 on a 3-node cluster).",
-)
+@stream_replicas_option("Replicas of the streams and the leader bucket (3 on a 3-node cluster).")
 @click.option(
     "--leader-ttl",
     envvar="RC_LEADER_TTL",
