@@ -44,7 +44,7 @@ def configure_logging(*, fmt: str = "text", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,  # tests reconfigure logging; hot paths pre-bind
     )
     handler = logging.StreamHandler(sys.stderr)

@@ -58,7 +58,7 @@ def _configure_logging(stderr: TextIO) -> None:
             structlog.processors.JSONRenderer(serializer=lambda o, **_: orjson.dumps(o).decode()),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        logger_factory=structlog.PrintLoggerFactory(stderr),
+        logger_factory=structlog.WriteLoggerFactory(stderr),
         cache_logger_on_first_use=False,
     )
 
