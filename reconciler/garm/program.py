@@ -48,6 +48,7 @@ COMMANDS = (
     *sorted(_LOCAL),
 )
 
+
 def _configure_logging(stderr: TextIO) -> None:
     structlog.configure(
         processors=[

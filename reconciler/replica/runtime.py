@@ -33,6 +33,7 @@ import anyio
 import structlog
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.api import StreamInfo
 
 from reconciler.bus.codec import Decoder
 from reconciler.bus.connection import ConnectOptions, ConnectRefused, connect
@@ -60,8 +61,8 @@ from reconciler.replica.retention import (
 from reconciler.replica.snapshots import (
     SnapshotBucket,
     SnapshotPublisher,
+    identity_of,
     restore_newest,
-    stream_identity,
 )
 from reconciler.replica.status import StatusReporter
 from reconciler.replica.topup import WarmPoolReconciler
@@ -164,6 +165,7 @@ class Replica:
         self.queries: QueryResponder | None = None
         self.metrics: MetricsServer | None = None  # aiohttp, loaded only when asked for
         self._head = 0
+        self._stream_identity = ""
         self._published = 0
         self._status_published = 0
         self._publisher: OutboxPublisher | None = None
@@ -217,7 +219,10 @@ class Replica:
     ) -> None:
         cfg = self.config
         state = await store.load_state(decision_retention_s=cfg.decision_retention_s)
-        if state.applied_seq == 0 and await self._start_from_snapshot(js, store) is not None:
+        info = await js.stream_info(self.names.in_stream)
+        # read once: a leader taking over during a failover must not depend on the server
+        self._stream_identity = identity_of(info)
+        if state.applied_seq == 0 and await self._start_from_snapshot(js, store, info) is not None:
             # loaded back as any store is, with this replica's retention
             state = await store.load_state(decision_retention_s=cfg.decision_retention_s)
         if cfg.freeze_loaded_state:
@@ -288,14 +293,14 @@ class Replica:
                     await self.metrics.stop()
             self._log.info("replica.stopped", applied_seq=caches.committed_seq)
 
-    async def _start_from_snapshot(self, js: JetStreamContext, store: Store) -> State | None:
+    async def _start_from_snapshot(
+        self, js: JetStreamContext, store: Store, info: StreamInfo
+    ) -> State | None:
         """An empty store starts from the newest snapshot, if there is one."""
-        info = await js.stream_info(self.names.in_stream)
         first, last = int(info.state.first_seq or 0), int(info.state.last_seq or 0)
         if last == 0:
             return None
-        identity = await stream_identity(js, self.names.in_stream)
-        bucket = SnapshotBucket(js, self.config.prefix, identity)
+        bucket = SnapshotBucket(js, self.config.prefix, self._stream_identity)
         try:
             snapshot = await restore_newest(bucket, store, stream_last=last, stream_first=first)
         except Exception as exc:  # the bucket unreadable: not allowed, or no stream leader
@@ -362,7 +367,7 @@ class Replica:
             bucket=SnapshotBucket(
                 js,
                 cfg.prefix,
-                await stream_identity(js, self.names.in_stream),
+                self._stream_identity,
                 replicas=cfg.stream_replicas,
             ),
             interval_s=cfg.snapshot_interval_s,

@@ -34,6 +34,7 @@ from typing import BinaryIO
 import anyio
 import structlog
 from nats.js import JetStreamContext, api
+from nats.js.api import StreamInfo
 from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
@@ -53,6 +54,7 @@ __all__ = [
     "SnapshotBucket",
     "SnapshotPublisher",
     "bucket_name",
+    "identity_of",
     "restore_newest",
     "snapshot_for_replay",
     "stream_identity",
@@ -75,10 +77,14 @@ def object_name(applied_seq: int) -> str:
 STREAM_HEADER = "Reconciler-Stream"
 
 
+def identity_of(info: StreamInfo) -> str:
+    """What tells an input stream from one deleted and created again: its creation time."""
+    return info.created.isoformat() if info.created is not None else ""
+
+
 async def stream_identity(js: JetStreamContext, stream: str) -> str:
-    """What tells this input stream from one deleted and created again: its creation time."""
-    created = (await js.stream_info(stream)).created
-    return created.isoformat() if created is not None else ""
+    """:func:`identity_of` the stream named ``stream``, asked of the server."""
+    return identity_of(await js.stream_info(stream))
 
 
 class SnapshotBucket:
