@@ -24,7 +24,7 @@ import functools
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -361,6 +361,49 @@ async def _story(
     summary: Summary,
 ) -> None:
     nats = ConnectOptions(urls=(nats_url,), reconnect_wait_s=0.2, initial_timeout_s=10)
+    replica, executor = await _replica_and_executor(nats, db, prefix, endpoints)
+    settings = settings_from_json(HOST_SETTINGS)
+    bridge_hosts = [IncusHost(ep) for ep in endpoints]
+    garm = {ep.host: IncusHost(ep) for ep in endpoints}
+    nc = await connect(replace(nats, name="demo-driver"))
+    try:
+        js = nc.jetstream()
+        bridge = Bridge(
+            [
+                HostBridge(
+                    incus=host,
+                    js=js,
+                    prefix=prefix,
+                    settings=settings.get(host.name, settings["*"]),
+                    inventory_delay_s=0.2,
+                )
+                for host in bridge_hosts
+            ]
+        )
+        watch = _Watch(say, summary, prefix)
+        await nc.subscribe(f"{prefix}.out.>", cb=watch.on_output)
+        driver = _Driver(nc, watch, garm, prefix)
+        await _tell(
+            functools.partial(_chapters, driver, watch, replica, say),
+            nc=nc,
+            prefix=prefix,
+            parts=(replica, executor, bridge),
+            watch=watch,
+            summary=summary,
+            say=say,
+        )
+    finally:
+        with anyio.CancelScope(shield=True):
+            await nc.close()
+            for host in [*bridge_hosts, *garm.values()]:
+                await host.aclose()
+
+
+async def _replica_and_executor(
+    nats: ConnectOptions, db: Path, prefix: str, endpoints: tuple[IncusEndpoint, ...]
+) -> tuple[Replica, Executor]:
+    """The demo's replica (short TTL and status intervals, to keep the story brisk) and
+    its executor, on a fresh executor database next to ``db``."""
     replica = Replica(
         RunConfig(
             nats=nats,
@@ -379,61 +422,53 @@ async def _story(
     executor = Executor(
         ExecutorConfig(endpoints=endpoints, nats=nats, prefix=prefix, db=executor_db)
     )
-    settings = settings_from_json(HOST_SETTINGS)
-    bridge_hosts = [IncusHost(ep) for ep in endpoints]
-    garm = {ep.host: IncusHost(ep) for ep in endpoints}
-    nc = await connect(replace(nats, name="demo-driver"))
+    return replica, executor
+
+
+async def _tell(
+    chapters: Callable[[], Awaitable[None]],
+    *,
+    nc: Client,
+    prefix: str,
+    parts: tuple[Replica, Executor, Bridge],
+    watch: _Watch,
+    summary: Summary,
+    say: _Say,
+) -> None:
+    """Run the replica, the executor and the bridge while ``chapters`` tell the story;
+    stop them all, then replay the input stream into a fresh database for audit."""
+    replica, executor, bridge = parts
     stop = anyio.Event()
-    try:
-        js = nc.jetstream()
-        bridge = Bridge(
-            [
-                HostBridge(
-                    incus=host,
-                    js=js,
-                    prefix=prefix,
-                    settings=settings.get(host.name, settings["*"]),
-                    inventory_delay_s=0.2,
-                )
-                for host in bridge_hosts
-            ]
-        )
-        watch = _Watch(say, summary, prefix)
-        await nc.subscribe(f"{prefix}.out.>", cb=watch.on_output)
-        driver = _Driver(nc, watch, garm, prefix)
-        failure: click.ClickException | None = None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(functools.partial(replica.run, stop=stop))
-            tg.start_soon(functools.partial(executor.run, stop=stop))
-            with anyio.fail_after(30):
-                await replica.started.wait()
-                await executor.ready.wait()
-            bridging = anyio.CancelScope()
+    failure: click.ClickException | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(replica.run, stop=stop))
+        tg.start_soon(functools.partial(executor.run, stop=stop))
+        with anyio.fail_after(30):
+            await replica.started.wait()
+            await executor.ready.wait()
+        bridging = anyio.CancelScope()
 
-            async def run_bridge() -> None:
-                with bridging:
-                    await bridge.run()
+        async def run_bridge() -> None:
+            with bridging:
+                await bridge.run()
 
-            tg.start_soon(run_bridge)
-            try:
-                await _chapters(driver, watch, replica, say)
-                await watch.until("the leader to publish everything", lambda: _caught_up(replica))
-                summary.digest = state_digest(_state(replica))
-            except click.ClickException as exc:
-                failure = exc
-            bridging.cancel()
-            stop.set()  # the replica commits, publishes and resigns; the executor finishes
-        if failure is not None:
-            raise failure
-        say.step("Replaying the input stream into a fresh database, for audit")
-        report = await replay_into(nc, prefix=prefix)
-        summary.replay_divergences = len(report.divergences)
-        say.note(f"{report.inputs} inputs folded again, {report.compared} outputs compared")
-    finally:
-        with anyio.CancelScope(shield=True):
-            await nc.close()
-            for host in [*bridge_hosts, *garm.values()]:
-                await host.aclose()
+        tg.start_soon(run_bridge)
+        try:
+            await chapters()
+            await watch.until("the leader to publish everything", lambda: _caught_up(replica))
+            summary.digest = state_digest(_state(replica))
+        except click.ClickException as exc:
+            failure = exc
+        bridging.cancel()
+        stop.set()  # the replica commits, publishes and resigns; the executor finishes
+    if failure is not None:
+        raise failure
+    say.step("Replaying the input stream into a fresh database, for audit")
+    report = await replay_into(nc, prefix=prefix)
+    summary.replay_divergences = len(report.divergences)
+    for divergence in report.divergences[:5]:
+        say.note(f"divergence: {divergence}")
+    say.note(f"{report.inputs} inputs folded again, {report.compared} outputs compared")
 
 
 def _caught_up(replica: Replica) -> bool:

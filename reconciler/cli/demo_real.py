@@ -31,15 +31,20 @@ import orjson
 from reconciler.bridge.bridge import Bridge, HostBridge, settings_from_json
 from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.embedded import embedded_nats
-from reconciler.cli.demo import Summary, _caught_up, _ready, _Say, _state, _Watch
+from reconciler.cli.demo import (
+    Summary,
+    _ready,
+    _replica_and_executor,
+    _Say,
+    _state,
+    _tell,
+    _Watch,
+)
 from reconciler.cli.local_incus import LocalIncus, start_local_incus, unavailable
 from reconciler.core.model import HostName, Resources
-from reconciler.executor.executor import Executor, ExecutorConfig
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.views import InstanceSpec
-from reconciler.replica.replay import replay_into
-from reconciler.replica.runtime import Replica, RunConfig
-from reconciler.store.digest import state_digest
+from reconciler.replica.runtime import Replica
 
 __all__ = ["run_real_demo"]
 
@@ -90,24 +95,7 @@ async def _story(
 ) -> None:
     endpoint = IncusEndpoint(host=HOST, url=daemon.url)
     nats = ConnectOptions(urls=(nats_url,), reconnect_wait_s=0.2, initial_timeout_s=10)
-    replica = Replica(
-        RunConfig(
-            nats=nats,
-            db=db,
-            prefix=prefix,
-            replica="demo",
-            leader_ttl_s=3.0,
-            status_debounce_s=0.1,
-            status_progress_interval_s=2.0,
-            incus=(endpoint,),
-        )
-    )
-    executor_db = db.with_name(f"{db.stem}-executor.db")
-    for suffix in ("", "-wal", "-shm"):
-        await anyio.Path(f"{executor_db}{suffix}").unlink(missing_ok=True)
-    executor = Executor(
-        ExecutorConfig(endpoints=(endpoint,), nats=nats, prefix=prefix, db=executor_db)
-    )
+    replica, executor = await _replica_and_executor(nats, db, prefix, (endpoint,))
     resources = daemon.query("/1.0/resources")
     cpus = int(resources["cpu"]["total"]) if isinstance(resources, dict) else 2
     if cpus < 2:
@@ -118,7 +106,6 @@ async def _story(
     bridge_host = IncusHost(endpoint)
     garm = IncusHost(endpoint)
     nc = await connect(replace(nats, name="demo-driver"))
-    stop = anyio.Event()
     try:
         js = nc.jetstream()
         bridge = HostBridge(
@@ -136,36 +123,15 @@ async def _story(
             )
             return await watch.decided(request_id)
 
-        failure: click.ClickException | None = None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(functools.partial(replica.run, stop=stop))
-            tg.start_soon(functools.partial(executor.run, stop=stop))
-            with anyio.fail_after(30):
-                await replica.started.wait()
-                await executor.ready.wait()
-            bridging = anyio.CancelScope()
-
-            async def run_bridge() -> None:
-                with bridging:
-                    await Bridge([bridge]).run()
-
-            tg.start_soon(run_bridge)
-            try:
-                await _chapters(daemon, js, prefix, command, garm, watch, replica, say)
-                await watch.until("the leader to publish everything", lambda: _caught_up(replica))
-                summary.digest = state_digest(_state(replica))
-            except click.ClickException as exc:
-                failure = exc
-            bridging.cancel()
-            stop.set()
-        if failure is not None:
-            raise failure
-        say.step("Replaying the input stream into a fresh database, for audit")
-        report = await replay_into(nc, prefix=prefix)
-        summary.replay_divergences = len(report.divergences)
-        for d in report.divergences[:5]:
-            say.note(f"divergence: {d}")
-        say.note(f"{report.inputs} inputs folded again, {report.compared} outputs compared")
+        await _tell(
+            functools.partial(_chapters, daemon, js, prefix, command, garm, watch, replica, say),
+            nc=nc,
+            prefix=prefix,
+            parts=(replica, executor, Bridge([bridge])),
+            watch=watch,
+            summary=summary,
+            say=say,
+        )
     finally:
         with anyio.CancelScope(shield=True):
             await nc.close()
