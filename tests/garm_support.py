@@ -36,7 +36,7 @@ def executable() -> list[str]:
 
 def install_template(name: str) -> str:
     """A stand-in for GARM's rendered wrapper: it embeds the token, as GARM's does."""
-    script = f"#!/bin/sh\n# token={TOKEN}\necho bootstrap of {name} ran as $(id -un) > {MARKER}\n"
+    script = f"#!/bin/sh\n# token={TOKEN}\necho bootstrap of {name} ran as $(id -un) >> {MARKER}\n"
     return base64.b64encode(script.encode()).decode()
 
 

@@ -14,6 +14,7 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
+from reconciler.garm.bootstrap import LOG_PATH, Injection
 from reconciler.incus.client import IncusEndpoint
 from reconciler.replica.runtime import Replica
 from tests import builders as b
@@ -80,6 +81,13 @@ async def test_a_warm_claim_runs_the_bootstrap_in_the_container(
                 ran = real_incus.incus("exec", warm, "--", "cat", MARKER, check=False)
                 await anyio.sleep(0.2)
         assert ran.strip() == "bootstrap of garm-real-warm-1 ran as root"
+        # a call killed after the start and run again: the script is not started twice
+        real_incus.incus("exec", warm, "--", *Injection(files=()).command)
+        await anyio.sleep(1.0)
+        ran = real_incus.incus("exec", warm, "--", "cat", MARKER)
+        assert ran.strip() == "bootstrap of garm-real-warm-1 ran as root"
+        log = real_incus.incus("exec", warm, "--", "cat", LOG_PATH)
+        assert "already started" in log
 
         listed = (await garm.list()).json()
         assert [(i["name"], i["provider_id"], i["status"]) for i in listed] == [

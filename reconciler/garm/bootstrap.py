@@ -30,6 +30,8 @@ CA_BUNDLE_PATH = "/usr/local/share/ca-certificates/garm-ca-bundle.crt"
 PROXY_PATH = "/etc/profile.d/garm-proxy.sh"
 RUNNER_USER = "runner"
 LOG_PATH = "/var/log/garm-runner-install.log"
+#: made (atomically, by ``mkdir``) when the install script is started in a warm instance
+STARTED_PATH = "/var/lib/garm-runner/install-started"
 
 
 def install_script(bootstrap: Bootstrap) -> bytes:
@@ -99,15 +101,21 @@ def cloud_config(bootstrap: Bootstrap) -> str:
     return "#cloud-config\n" + orjson.dumps(config, option=orjson.OPT_INDENT_2).decode() + "\n"
 
 
-#: run once in a warm instance after the files landed: trust the CA bundle, then start
-#: the install script in the background as the runner user (root when the image has
-#: none), its output in LOG_PATH; the command itself holds no secret
+#: run in a warm instance after the files landed: trust the CA bundle, then start the
+#: install script in the background as the runner user (root when the image has none),
+#: its output in LOG_PATH. At most once per instance: a call killed after the start and
+#: run again by GARM (same runner name, same instance) must not register the runner a
+#: second time, so the start is guarded by an atomic mkdir. The command holds no secret.
 _INJECT = f"""
 set -u
 if [ -f {CA_BUNDLE_PATH} ] && command -v update-ca-certificates >/dev/null 2>&1; then
   update-ca-certificates >/dev/null 2>&1 || true
 fi
 [ -f {PROXY_PATH} ] && . {PROXY_PATH}
+if ! mkdir {STARTED_PATH} 2>/dev/null; then
+  echo "install script already started in this instance: not again" >>{LOG_PATH}
+  exit 0
+fi
 trap '' HUP
 if id {RUNNER_USER} >/dev/null 2>&1 && command -v su >/dev/null 2>&1; then
   su -l -c {INSTALL_SCRIPT_PATH} {RUNNER_USER} >{LOG_PATH} 2>&1 </dev/null &
@@ -129,7 +137,7 @@ class Injection:
     def prepare(self) -> tuple[str, ...]:
         """The command that makes the folders of the files and of the install log (Incus
         writes only into existing folders; a minimal image may lack ``/var/log``)."""
-        paths = [LOG_PATH, *(path for path, _, _ in self.files)]
+        paths = [LOG_PATH, STARTED_PATH, *(path for path, _, _ in self.files)]
         folders = sorted({path.rsplit("/", 1)[0] for path in paths} - {""})
         return ("mkdir", "-p", *folders)
 
