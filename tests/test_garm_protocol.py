@@ -145,6 +145,7 @@ def test_the_config_file_is_read_and_checked(tmp_path: Path) -> None:
         ({"incus_cert": "/c"}, "go together"),
         ({"nats_password": "s3cret"}, "needs a user"),
         ({"pools": {"a": 1}}, "pool names"),
+        ({"nats_url": "tls://a:4222,wss://b:443"}, "not over WebSocket"),
     ],
 )
 def test_a_bad_config_is_refused_naming_the_key(raw: dict[str, Any], message: str) -> None:

@@ -126,8 +126,15 @@ def parse_config(raw: Mapping[str, Any]) -> ProviderConfig:
     if not _TOKEN.fullmatch(prefix):
         raise ProviderError("config: prefix must be one subject token")
     try:
+        urls = parse_urls(raw.get("nats_url", DEFAULT_NATS_URL))
+        for url in urls:
+            if url.lower().startswith(("ws://", "wss://")):
+                raise ValueError(
+                    f"nats_url {url!r}: the provider reaches NATS over nats:// or tls:// "
+                    f"(its client port), not over WebSocket"
+                )
         nats = ConnectOptions(
-            urls=parse_urls(raw.get("nats_url", DEFAULT_NATS_URL)),
+            urls=urls,
             user=raw.get("nats_user"),
             password=raw.get("nats_password"),
             creds_file=raw.get("nats_creds"),
