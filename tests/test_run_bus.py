@@ -17,6 +17,7 @@ from reconciler.bus.consumer import InputConsumer
 from reconciler.bus.schemas import load
 from reconciler.core.state import State
 from reconciler.replica.caches import Caches
+from reconciler.replica.replay import replay_into
 from reconciler.store.digest import state_digest
 from reconciler.store.sqlite import Store
 from tests import builders as b
@@ -478,6 +479,24 @@ async def test_a_graceful_stop_publishes_everything_committed(
         assert (await store.outbox_snapshot()).rows == []
         assert await store.published_seq() == len(fleet()) + 20
     assert len(await bus.outputs("rc.out.decision.>")) == 20
+
+
+async def test_a_leader_stopping_while_it_tops_up_decides_what_it_issued(
+    nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    """Stopped while its warm pools are being topped up, the leader issues nothing more
+    and folds the stream to its end first: every input, its own top-ups included, has
+    its decisions on the bus (a replay finds nothing missing)."""
+    bus = BusClient(nc)
+    async with running_replica(fast_config(nats_url, tmp_path / "rc.db")) as replica:
+        host = b.snapshot("h1", cpu=64, memory_mib=262_144)
+        await bus.send(host, b.pool("web", min_ready=40, max_ready=40))
+        assert replica.caches is not None
+        await bus.wait_outputs("rc.out.decision.>")  # the first top-up is decided: stop
+    info = await nc.jetstream().stream_info("RC_IN")
+    report = await replay_into(nc, prefix="rc")
+    assert info.state.last_seq > 2, "the leader issued top-ups"
+    assert report.divergences == []
 
 
 async def test_a_warm_vm_that_never_boots_is_released_and_asked_for_again(

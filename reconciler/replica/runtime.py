@@ -170,6 +170,9 @@ class Replica:
         self._status_published = 0
         self._publisher: OutboxPublisher | None = None
         self._reporter: StatusReporter | None = None
+        #: the leader's command issuers (warm pools, verifier, reaper), cancelled on a stop
+        self._commands: anyio.CancelScope | None = None
+        self._stopping = False
         self.incus: dict[str, IncusHost] = {}
         if config.incus:  # pylxd is loaded only when there are hosts to ask
             from reconciler.incus.client import IncusHost
@@ -277,7 +280,12 @@ class Replica:
 
                 async def stopper() -> None:
                     await stop.wait()
+                    self._stopping = True
                     self._log.info("replica.stopping")
+                    commands = self._commands
+                    if commands is not None:  # leading: issue nothing more, decide the rest
+                        commands.cancel()
+                        await self._fold_to_the_stream_end(caches, js)
                     caches.stop()
 
                 tg.start_soon(stopper, name="stopper")
@@ -386,15 +394,25 @@ class Replica:
                 caches.add_listener(verifier.notify)
                 caches.add_listener(reaper.notify)
                 tg.start_soon(reporter.run, name="status")
-                tg.start_soon(warm.run, name="warm-pools")
-                tg.start_soon(verifier.run, name="verify")
-                tg.start_soon(reaper.run, name="reservations")
+                commands = anyio.CancelScope()
+
+                async def issue_commands() -> None:
+                    with commands:
+                        async with anyio.create_task_group() as issuers:
+                            issuers.start_soon(warm.run, name="warm-pools")
+                            issuers.start_soon(verifier.run, name="verify")
+                            issuers.start_soon(reaper.run, name="reservations")
+
+                if not self._stopping:  # elected while stopping: only publish
+                    self._commands = commands
+                    tg.start_soon(issue_commands, name="commands")
                 if cfg.snapshot_interval_s > 0:
                     tg.start_soon(snapshots.run, name="snapshots")
                 self.leader_ready = True
                 self._log.info("leader.ready", published_seq=leadership.published_seq)
         finally:
             self.leader_ready = False
+            self._commands = None
             caches.remove_listener(publisher.notify)
             caches.remove_listener(reporter.notify)
             caches.remove_listener(warm.notify)
@@ -403,6 +421,30 @@ class Replica:
             self._published += publisher.published
             self._status_published += reporter.published
             self._publisher = self._reporter = None
+
+    async def _fold_to_the_stream_end(
+        self, caches: Caches, js: JetStreamContext, within_s: float = 5.0
+    ) -> None:
+        """A leader that stops has cancelled its command issuers; before it stops folding
+        it folds the input stream up to its end as of now, so that the commands it issued
+        itself (top-ups, releases, verifications) are decided, and their outputs
+        published, by it rather than left undecided until the next start."""
+        with anyio.move_on_after(within_s) as waited:
+            try:
+                info = await js.stream_info(self.names.in_stream)
+            except Exception as exc:  # no answer: stop with what is folded
+                self._log.info("replica.stream_end_unknown", error=repr(exc))
+                return
+            end = int(info.state.last_seq or 0)
+            while caches.committed_seq < end:  # noqa: ASYNC110 (the caches' own progress)
+                await anyio.sleep(0.02)
+        if waited.cancelled_caught:
+            self._log.warning(
+                "replica.stopping_behind",
+                applied_seq=caches.committed_seq,
+                within_s=within_s,
+                why="the inputs up to the stream's end were not all folded in time",
+            )
 
     async def _publish_what_is_committed(self, within_s: float = 5.0) -> None:
         """On a graceful stop, a leader puts its last commits on the bus before resigning,
