@@ -30,29 +30,34 @@ Rules (docs/architecture.md, rule 2):
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import functools
 import secrets
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import anyio
+import anyio.lowlevel
 import orjson
 import structlog
 from nats.aio.client import Client
-from nats.errors import TimeoutError as NatsTimeoutError
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
 from reconciler.bus.codec import Decoder
 from reconciler.bus.connection import ConnectOptions, connect
-from reconciler.bus.consumer import InputConsumer
+from reconciler.bus.consumer import Delivery, InputConsumer, rfc3339_nanos
 from reconciler.bus.publisher import MSG_ID
 from reconciler.bus.streams import StreamNames
 from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
 from reconciler.core.state import State
-from reconciler.replica.caches import Caches, Commit
+from reconciler.replica.caches import Caches, Commit, FoldFailed, fold_deliveries
 from reconciler.replica.snapshots import SnapshotBucket, snapshot_for_replay, stream_identity
 from reconciler.store.digest import state_digest
 from reconciler.store.snapshot import DecodedSnapshot, SnapshotError, restore_batch
@@ -150,63 +155,111 @@ async def replay_into(
     if db is not None and await anyio.Path(db).exists():
         raise ReplayError(f"{db} exists: replay folds into a fresh database")
     snapshot: DecodedSnapshot | None = None
+    bucket: SnapshotBucket | None = None
     clock = time.perf_counter()
-    if last and (first > 1 or from_snapshot):
-        try:
-            identity = await stream_identity(js, names.in_stream)
-            snapshot = await snapshot_for_replay(
-                SnapshotBucket(js, prefix, identity), stream_first=first, stream_last=last
-            )
-        except SnapshotError as exc:
-            aged = f"inputs 1..{first - 1} have aged out (max_age), and " if first > 1 else ""
-            raise ReplayError(
-                f"{names.in_stream} starts at seq {first}: {aged}{exc}, so the state "
-                f"cannot be rebuilt"
-            ) from exc
-    # taken before the fold, which goes on in the snapshot's state
-    snapshot_seq = snapshot.state.applied_seq if snapshot is not None else 0
-    before = _BeforeSnapshot(snapshot) if snapshot is not None else None
-    produced: dict[str, tuple[str, bytes]] = {}
-    seconds = {"snapshot": time.perf_counter() - clock}
-    clock = time.perf_counter()
-    state, inputs, dead = await _fold_stream(
-        nc,
-        js,
-        names,
-        db=db,
-        last=last,
-        batch=batch,
-        produced=produced,
-        retention=decision_retention_s,
-        snapshot=snapshot,
-    )
-    report = ReplayReport(
-        first_seq=(snapshot_seq + 1 if snapshot else first) if last else 0,
-        last_seq=last,
-        inputs=inputs,
-        dead_letters=dead,
-        outputs=len(produced),
-        compared=0,
-        digest=state_digest(state),
-        snapshot_seq=snapshot_seq,
-        snapshot_digest=snapshot.digest if snapshot else None,
-        seconds=seconds,
-    )
-    seconds["fold"] = time.perf_counter() - clock
-    clock = time.perf_counter()
-    if before is not None:
-        before.replayed = set(state.leases)
-    out_last = int((await js.stream_info(names.out_stream)).state.last_seq or 0)
-    since = await _tail_start(js, names, snapshot_seq, last) if snapshot is not None else None
-    await _compare(
-        js,
-        names,
-        out_last=out_last,
-        produced=produced,
-        report=report,
-        before=before,
-        since=since,
-    )
+    chunk = max(batch, READ_CHUNK)
+    outputs: _OutputReader | None = None
+    try:
+        async with anyio.create_task_group() as tg:
+            try:
+                if last and (first > 1 or from_snapshot):
+                    try:
+                        identity = await stream_identity(js, names.in_stream)
+                        bucket = SnapshotBucket(js, prefix, identity)
+                        # the OUT stream is read while the snapshot is fetched and the tail
+                        # folded, from the oldest candidate's tail on (a newer one's is later)
+                        usable = [
+                            seq for seq in await bucket.positions() if first - 1 <= seq <= last
+                        ]
+                        if usable:
+                            since = await _tail_start(js, names, usable[0], last)
+                            outputs = _OutputReader(nc, js, names, chunk=chunk, since=since)
+                            tg.start_soon(outputs.run)
+                        snapshot = await snapshot_for_replay(
+                            bucket, stream_first=first, stream_last=last
+                        )
+                    except SnapshotError as exc:
+                        aged = (
+                            f"inputs 1..{first - 1} have aged out (max_age), and "
+                            if first > 1
+                            else ""
+                        )
+                        raise ReplayError(
+                            f"{names.in_stream} starts at seq {first}: {aged}{exc}, so the state "
+                            f"cannot be rebuilt"
+                        ) from exc
+                if outputs is None:
+                    outputs = _OutputReader(nc, js, names, chunk=chunk, since=None)
+                    tg.start_soon(outputs.run)
+                # taken before the fold, which goes on in the snapshot's state
+                snapshot_seq = snapshot.state.applied_seq if snapshot is not None else 0
+                before = _BeforeSnapshot(snapshot) if snapshot is not None else None
+                produced: dict[str, tuple[str, bytes]] = {}
+                seconds = {"snapshot": time.perf_counter() - clock}
+                clock = time.perf_counter()
+                folded: tuple[State, int, int] | None = None
+                if db is None:
+                    try:
+                        folded = await _fold_in_memory(
+                            nc,
+                            js,
+                            names,
+                            last=last,
+                            chunk=chunk,
+                            produced=produced,
+                            retention=decision_retention_s,
+                            snapshot=snapshot,
+                        )
+                    except FoldFailed as failure:
+                        # a bug in the fold: the live line reloaded its state from the store
+                        # and dead-lettered the input; the replay does exactly that, with it
+                        logger.warning("replay.fold_failed", error=repr(failure.cause))
+                        produced.clear()
+                        if snapshot is not None:
+                            assert bucket is not None
+                            snapshot = await bucket.fetch(snapshot_seq)
+                if folded is None:
+                    folded = await _fold_stream(
+                        nc,
+                        js,
+                        names,
+                        db=db,
+                        last=last,
+                        batch=batch,
+                        produced=produced,
+                        retention=decision_retention_s,
+                        snapshot=snapshot,
+                    )
+                state, inputs, dead = folded
+                report = ReplayReport(
+                    first_seq=(snapshot_seq + 1 if snapshot else first) if last else 0,
+                    last_seq=last,
+                    inputs=inputs,
+                    dead_letters=dead,
+                    outputs=len(produced),
+                    compared=0,
+                    digest=state_digest(state),
+                    snapshot_seq=snapshot_seq,
+                    snapshot_digest=snapshot.digest if snapshot else None,
+                    seconds=seconds,
+                )
+                seconds["fold"] = time.perf_counter() - clock
+                clock = time.perf_counter()
+                if before is not None:
+                    before.replayed = set(state.leases)
+                outputs.until(int((await js.stream_info(names.out_stream)).state.last_seq or 0))
+                await outputs.done.wait()
+            finally:
+                tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # the OUT stream's reader runs in a task group: its own errors, or the fold's,
+        # come out as themselves
+        if len(group.exceptions) == 1:
+            only = group.exceptions[0]
+            raise only from only.__cause__
+        raise
+    assert outputs is not None
+    _compare(outputs, produced=produced, report=report, before=before)
     seconds["compare"] = time.perf_counter() - clock
     return report
 
@@ -247,6 +300,61 @@ class _BeforeSnapshot:
         if lease_id is None:
             return False
         return lease_id in self.leases or lease_id not in self.replayed
+
+
+async def _fold_in_memory(
+    nc: Client,
+    js: JetStreamContext,
+    names: StreamNames,
+    *,
+    last: int,
+    chunk: int,
+    produced: dict[str, tuple[str, bytes]],
+    retention: int | None = DEFAULT_DECISION_RETENTION_S,
+    snapshot: DecodedSnapshot | None = None,
+) -> tuple[State, int, int]:
+    """The fold of the caches (:func:`~reconciler.replica.caches.fold_deliveries`:
+    decoding, dead letters, the fold), without the store nobody reads afterwards.
+    Raises :class:`FoldFailed` where the fold fails (the caller folds again with a store,
+    as the live line did)."""
+    state = State(decision_retention_s=retention)
+    if snapshot is not None:
+        state = snapshot.state
+        state.decision_retention_s = retention  # configuration: the replicas' value
+        logger.info(
+            "replay.from_snapshot",
+            applied_seq=state.applied_seq,
+            digest=snapshot.digest,
+            leases=len(state.leases),
+        )
+    decoder = Decoder()
+    prefix = names.prefix
+    inputs = dead = 0
+    taken = state.applied_seq
+    reader = _StreamReader(nc, js, stream=names.in_stream, chunk=chunk, start_seq=taken + 1)
+    try:
+        while taken < last:
+            deliveries = []
+            for msg, seq, delivered, ts in await reader.take():
+                if seq > last:
+                    break
+                taken = seq
+                deliveries.append(
+                    Delivery(msg.subject, msg.data, seq, rfc3339_nanos(ts), delivered, "")
+                )
+            if not deliveries:
+                taken = max(taken, min(reader.last_taken, last))
+                continue
+            folded = fold_deliveries(state, deliveries, decoder, prefix=prefix)
+            inputs += len(folded.good) + len(folded.bad)
+            dead += len(folded.bad)
+            for out in folded.fx.outputs:
+                if out.msg_id is not None and out.msg_id not in produced:
+                    produced[out.msg_id] = (out.subject, out.payload)
+            await anyio.lowlevel.checkpoint()  # the OUT stream's reader reads meanwhile
+    finally:
+        await reader.close()
+    return state, inputs, dead
 
 
 async def _fold_stream(
@@ -310,73 +418,259 @@ async def _fold_stream(
         return caches.state, counts["inputs"], counts["dead"]
 
 
-async def _compare(
-    js: JetStreamContext,
-    names: StreamNames,
+class _OutputReader:
+    """Reads the OUT stream alongside the fold, keeping every output with a
+    ``Nats-Msg-Id`` (stream sequence, id, subject, payload), until :meth:`until` names
+    the stream's last sequence once the fold is done, or nothing comes for
+    :data:`COMPARE_STALL_S` after that (the rest is then missing)."""
+
+    def __init__(
+        self,
+        nc: Client,
+        js: JetStreamContext,
+        names: StreamNames,
+        *,
+        chunk: int,
+        since: dt.datetime | None,
+    ) -> None:
+        self.head = f"{names.prefix}."
+        self.reader = _StreamReader(nc, js, stream=names.out_stream, chunk=chunk, start_time=since)
+        self.found: list[tuple[int, str, str, bytes]] = []
+        self.last: int | None = None
+        self.done = anyio.Event()
+
+    def until(self, out_last: int) -> None:
+        self.last = out_last
+        self.reader.wake()
+
+    async def run(self) -> None:
+        reader, found = self.reader, self.found
+        quiet_since = time.monotonic()
+        try:
+            while self.last is None or reader.last_taken < self.last:
+                if self.last == 0:
+                    break
+                msgs = await reader.take()
+                if not msgs:
+                    if self.last is not None and time.monotonic() - quiet_since >= COMPARE_STALL_S:
+                        break  # what is not here yet is slow or lost: reported missing
+                    continue
+                quiet_since = time.monotonic()
+                for msg, seq, _, _ in msgs:
+                    headers = msg.headers
+                    msg_id = headers.get(MSG_ID) if headers else None
+                    if msg_id is not None:
+                        found.append((seq, msg_id, msg.subject, msg.data))
+        finally:
+            self.done.set()
+            await reader.close()
+
+
+def _compare(
+    outputs: _OutputReader,
     *,
-    out_last: int,
     produced: dict[str, tuple[str, bytes]],
     report: ReplayReport,
     before: _BeforeSnapshot | None = None,
-    since: dt.datetime | None = None,
 ) -> None:
     seen: set[str] = set()
-    head = f"{names.prefix}."
-    if out_last > 0:
-        sub = await js.pull_subscribe(
-            names.out_subjects,
-            stream=names.out_stream,
+    head = outputs.head
+    out_last = outputs.last or 0
+    divergences = report.divergences
+    compared = 0
+    for seq, msg_id, full_subject, data in outputs.found:
+        if seq > out_last:
+            break
+        expected = produced.get(msg_id)
+        if expected is None:
+            if _input_seq(data) > report.last_seq:
+                continue  # decided live after the replayed range
+            if before is not None and before.covers(data):
+                continue  # decided before the snapshot the replay started from
+        compared += 1
+        seen.add(msg_id)
+        if expected is None:
+            subject = full_subject.removeprefix(head)
+            divergences.append(Divergence("unexpected", msg_id, subject, None, data))
+        elif expected[1] != data or expected[0] != full_subject.removeprefix(head):
+            subject = full_subject.removeprefix(head)
+            divergences.append(Divergence("mismatch", msg_id, subject, expected[1], data))
+    report.compared = compared
+    for msg_id, (subject, payload) in produced.items():
+        if msg_id not in seen:
+            divergences.append(Divergence("missing", msg_id, subject, payload, None))
+
+
+#: messages per pull request of the replay's readers (at least; ``batch`` if larger)
+READ_CHUNK = 1000
+#: pull requests of a reader buffered or owed: the next deliveries are on their way
+_READ_AHEAD = 3
+#: how long past a pull request's expiry a reader waits before it asks again
+_READ_GRACE_S = 5.0
+#: status codes that end a pull request (404 no messages, 408 expired, 409 refused)
+_REQUEST_OVER = frozenset({"404", "408", "409"})
+
+
+class _StreamReader:
+    """A read-only, in-order reader of one stream for the replay: an ephemeral pull
+    consumer without acks (``AckPolicy.NONE``: nothing to ack, nothing redelivered), pull
+    requests of ``chunk`` messages made ahead (:data:`_READ_AHEAD` of them buffered or
+    owed, so the next deliveries are on their way while the caller folds), buffered by a
+    subscription callback. A delivery lost between server and client (the consumer's own
+    sequence skips) restarts the consumer after the last one taken; a gap in the stream
+    sequence with no skip is the stream's own (a purge) and is read over."""
+
+    def __init__(
+        self,
+        nc: Client,
+        js: JetStreamContext,
+        *,
+        stream: str,
+        chunk: int,
+        start_seq: int | None = None,
+        start_time: dt.datetime | None = None,
+        timeout_s: float = 1.0,
+    ) -> None:
+        self._nc, self._js = nc, js
+        self.stream = stream
+        self.chunk = chunk
+        self.timeout_s = timeout_s
+        self._start_time = start_time if start_seq is None else None
+        self._start_seq = start_seq
+        self.name = ""
+        self._sub: Subscription | None = None
+        self._pull = ""
+        self._inbox = ""
+        self._buffer: deque[Msg] = deque()
+        self._owed = 0
+        self._arrived = anyio.Event()
+        #: the stream sequence of the last message taken; the consumer sequence expected
+        self.last_taken = 0
+        self._next_cseq = 1
+        self._broken = False
+        #: which subscription is current: a callback of an earlier one is ignored
+        self._generation = 0
+
+    async def start(self) -> None:
+        await self._close_consumer()
+        self.name = f"replay-{secrets.token_hex(6)}"
+        if self.last_taken:
+            policy = api.DeliverPolicy.BY_START_SEQUENCE
+            start_seq, start_time = self.last_taken + 1, None
+        elif self._start_seq is not None:
+            policy = api.DeliverPolicy.BY_START_SEQUENCE
+            start_seq, start_time = self._start_seq, None
+        elif self._start_time is not None:
+            policy, start_seq, start_time = api.DeliverPolicy.BY_START_TIME, None, self._start_time
+        else:
+            policy, start_seq, start_time = api.DeliverPolicy.ALL, None, None
+        await self._js.add_consumer(
+            self.stream,
             config=api.ConsumerConfig(
+                name=self.name,
+                deliver_policy=policy,
+                opt_start_seq=start_seq,
+                opt_start_time=start_time,
                 ack_policy=api.AckPolicy.NONE,
-                deliver_policy=api.DeliverPolicy.ALL
-                if since is None
-                else api.DeliverPolicy.BY_START_TIME,
-                opt_start_time=since,
+                replay_policy=api.ReplayPolicy.INSTANT,
+                max_waiting=16,
+                num_replicas=1,
+                mem_storage=True,
                 inactive_threshold=60.0,
             ),
         )
-        try:
-            seq = 0
-            stalled = 0.0  # seconds without a message: a busy or failing-over cluster
-            while seq < out_last:
-                try:
-                    msgs = await sub.fetch(1000, timeout=2.0)
-                except (TimeoutError, NatsTimeoutError):
-                    # the stream has up to out_last: what is not here yet is slow, not
-                    # missing (giving up at once reported it as divergences)
-                    stalled += 2.0
-                    if stalled >= COMPARE_STALL_S:
-                        break
-                    continue
-                stalled = 0.0
-                for msg in msgs:
-                    seq = msg.metadata.sequence.stream
-                    if seq > out_last:
-                        break
-                    msg_id = (msg.headers or {}).get(MSG_ID)
-                    if msg_id is None:
-                        continue
-                    subject = msg.subject.removeprefix(head)
-                    expected = produced.get(msg_id)
-                    if expected is None and _input_seq(msg.data) > report.last_seq:
-                        continue  # decided live after the replayed range
-                    if expected is None and before is not None and before.covers(msg.data):
-                        continue  # decided before the snapshot the replay started from
-                    report.compared += 1
-                    seen.add(msg_id)
-                    if expected is None:
-                        report.divergences.append(
-                            Divergence("unexpected", msg_id, subject, None, msg.data)
-                        )
-                    elif expected[1] != msg.data or expected[0] != subject:
-                        report.divergences.append(
-                            Divergence("mismatch", msg_id, subject, expected[1], msg.data)
-                        )
-        finally:
-            await sub.unsubscribe()
-    for msg_id, (subject, payload) in produced.items():
-        if msg_id not in seen:
-            report.divergences.append(Divergence("missing", msg_id, subject, payload, None))
+        self._buffer.clear()
+        self._owed = 0
+        self._next_cseq = 1
+        self._broken = False
+        self._generation += 1
+        self._inbox = self._nc.new_inbox()
+        self._sub = await self._nc.subscribe(
+            self._inbox,
+            cb=functools.partial(self._on_message, self._generation),
+            pending_msgs_limit=(_READ_AHEAD + 1) * self.chunk + 64,
+            pending_bytes_limit=0,  # bounded by the requests made ahead, not by bytes
+        )
+        self._pull = f"{api.DEFAULT_PREFIX}.CONSUMER.MSG.NEXT.{self.stream}.{self.name}"
+        await self._pull_ahead()
+
+    async def _on_message(self, generation: int, msg: Msg) -> None:
+        if generation != self._generation:
+            return
+        headers = msg.headers
+        status = headers.get("Status") if headers else None
+        if status is None:
+            self._buffer.append(msg)
+            self._owed = max(0, self._owed - 1)
+        elif status in _REQUEST_OVER:
+            left = (headers or {}).get("Nats-Pending-Messages")
+            self._owed = max(0, self._owed - int(left)) if left and left.isdigit() else 0
+            if status == "409":
+                self._broken = True
+        self._arrived.set()
+
+    async def _pull_ahead(self) -> None:
+        while len(self._buffer) + self._owed < _READ_AHEAD * self.chunk:
+            self._owed += self.chunk
+            request = {"batch": self.chunk, "expires": int(self.timeout_s * 1e9)}
+            await self._nc.publish(self._pull, orjson.dumps(request), reply=self._inbox)
+
+    def wake(self) -> None:
+        """Have a :meth:`take` waiting for messages return (empty) at once."""
+        self._arrived.set()
+
+    async def take(self) -> list[tuple[Msg, int, int, int]]:
+        """Up to ``chunk`` messages in order, each with ``(stream_seq, delivered,
+        timestamp_ns)``; ``[]`` when none came within the timeout."""
+        if self._broken or self._sub is None:
+            await self.start()
+        if not self._buffer:
+            self._arrived = anyio.Event()
+            await self._pull_ahead()
+            with anyio.move_on_after(self.timeout_s + _READ_GRACE_S) as scope:
+                await self._arrived.wait()
+            if scope.cancelled_caught:  # the server lost the requests (a reconnect)
+                self._broken = True
+                return []
+        out: list[tuple[Msg, int, int, int]] = []
+        buffer = self._buffer
+        for _ in range(min(self.chunk, len(buffer))):
+            msg = buffer.popleft()
+            tokens = (msg.reply or "").split(".")
+            if len(tokens) == 9:
+                base = 4
+            elif len(tokens) >= 12:
+                base = 6
+            else:
+                continue  # not a delivery
+            cseq = int(tokens[base + 2])
+            if cseq != self._next_cseq:
+                # a delivery lost on the way: read again after the last one taken
+                logger.warning("replay.read_gap", stream=self.stream, after=self.last_taken)
+                self._broken = True
+                return out
+            self._next_cseq = cseq + 1
+            seq = int(tokens[base + 1])
+            self.last_taken = seq
+            out.append((msg, seq, int(tokens[base]), int(tokens[base + 3])))
+        await self._pull_ahead()
+        return out
+
+    async def _close_consumer(self) -> None:
+        sub, self._sub = self._sub, None
+        name, self.name = self.name, ""
+        if sub is not None and not self._nc.is_closed:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        if name:
+            try:
+                await self._js.delete_consumer(self.stream, name)
+            except Exception as exc:  # it goes by itself once inactive
+                logger.debug("replay.consumer_not_deleted", error=repr(exc))
+
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._close_consumer()
 
 
 def _lease_id(payload: bytes) -> str | None:
