@@ -30,12 +30,9 @@ Rules (docs/architecture.md, rule 2):
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import functools
 import secrets
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -45,19 +42,21 @@ import anyio.lowlevel
 import orjson
 import structlog
 from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
-from nats.js import JetStreamContext, api
+from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from reconciler.bus.codec import Decoder
 from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.consumer import Delivery, InputConsumer, rfc3339_nanos
-from reconciler.bus.publisher import MSG_ID
 from reconciler.bus.streams import StreamNames
 from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
 from reconciler.core.state import State
 from reconciler.replica.caches import Caches, Commit, FoldFailed, fold_deliveries
+from reconciler.replica.replay_reading import (
+    READ_CHUNK,
+    LocalReaders,
+    ReaderProcess,
+)
 from reconciler.replica.snapshots import SnapshotBucket, snapshot_for_replay, stream_identity
 from reconciler.store.digest import state_digest
 from reconciler.store.snapshot import DecodedSnapshot, SnapshotError, restore_batch
@@ -123,14 +122,11 @@ async def replay(
             batch=batch,
             decision_retention_s=decision_retention_s,
             from_snapshot=from_snapshot,
+            connect_opts=opts,
         )
     finally:
         with anyio.CancelScope(shield=True):
             await nc.close()
-
-
-#: how long reading the OUT stream may go without a message before the rest is missing
-COMPARE_STALL_S = 30.0
 
 
 async def replay_into(
@@ -141,9 +137,11 @@ async def replay_into(
     batch: int = 1000,
     decision_retention_s: int | None = DEFAULT_DECISION_RETENTION_S,
     from_snapshot: bool = False,
+    connect_opts: ConnectOptions | None = None,
 ) -> ReplayReport:
     """Replay over an open connection, folding with the replicas' ``--decision-retention``
-    (the state, and so the digest, depends on it)."""
+    (the state, and so the digest, depends on it). With ``connect_opts`` (how ``nc`` was
+    connected), the OUT stream is read by a child process on a connection of its own."""
     names = StreamNames.for_prefix(prefix)
     js = nc.jetstream()
     try:
@@ -158,7 +156,7 @@ async def replay_into(
     bucket: SnapshotBucket | None = None
     clock = time.perf_counter()
     chunk = max(batch, READ_CHUNK)
-    outputs: _OutputReader | None = None
+    outputs: LocalReaders | ReaderProcess | None = None
     try:
         async with anyio.create_task_group() as tg:
             try:
@@ -173,7 +171,7 @@ async def replay_into(
                         ]
                         if usable:
                             since = await _tail_start(js, names, usable[0], last)
-                            outputs = _OutputReader(nc, js, names, chunk=chunk, since=since)
+                            outputs = _readers(nc, js, names, connect_opts, chunk, since)
                             tg.start_soon(outputs.run)
                         snapshot = await snapshot_for_replay(
                             bucket, stream_first=first, stream_last=last
@@ -189,7 +187,7 @@ async def replay_into(
                             f"cannot be rebuilt"
                         ) from exc
                 if outputs is None:
-                    outputs = _OutputReader(nc, js, names, chunk=chunk, since=None)
+                    outputs = _readers(nc, js, names, connect_opts, chunk, None)
                     tg.start_soon(outputs.run)
                 # taken before the fold, which goes on in the snapshot's state
                 snapshot_seq = snapshot.state.applied_seq if snapshot is not None else 0
@@ -201,11 +199,9 @@ async def replay_into(
                 if db is None:
                     try:
                         folded = await _fold_in_memory(
-                            nc,
-                            js,
                             names,
                             last=last,
-                            chunk=chunk,
+                            readers=outputs,
                             produced=produced,
                             retention=decision_retention_s,
                             snapshot=snapshot,
@@ -303,12 +299,10 @@ class _BeforeSnapshot:
 
 
 async def _fold_in_memory(
-    nc: Client,
-    js: JetStreamContext,
     names: StreamNames,
     *,
     last: int,
-    chunk: int,
+    readers: LocalReaders | ReaderProcess,
     produced: dict[str, tuple[str, bytes]],
     retention: int | None = DEFAULT_DECISION_RETENTION_S,
     snapshot: DecodedSnapshot | None = None,
@@ -330,21 +324,15 @@ async def _fold_in_memory(
     decoder = Decoder()
     prefix = names.prefix
     inputs = dead = 0
-    taken = state.applied_seq
-    reader = _StreamReader(nc, js, stream=names.in_stream, chunk=chunk, start_seq=taken + 1)
+    if state.applied_seq >= last:
+        return state, 0, 0
+    await readers.start_inputs(state.applied_seq + 1, last)
     try:
-        while taken < last:
-            deliveries = []
-            for msg, seq, delivered, ts in await reader.take():
-                if seq > last:
-                    break
-                taken = seq
-                deliveries.append(
-                    Delivery(msg.subject, msg.data, seq, rfc3339_nanos(ts), delivered, "")
-                )
-            if not deliveries:
-                taken = max(taken, min(reader.last_taken, last))
-                continue
+        while (batch := await readers.take_inputs()) is not None:
+            deliveries = [
+                Delivery(subject, data, seq, rfc3339_nanos(ts), delivered, "")
+                for subject, data, seq, delivered, ts in batch
+            ]
             folded = fold_deliveries(state, deliveries, decoder, prefix=prefix)
             inputs += len(folded.good) + len(folded.bad)
             dead += len(folded.bad)
@@ -353,7 +341,7 @@ async def _fold_in_memory(
                     produced[out.msg_id] = (out.subject, out.payload)
             await anyio.lowlevel.checkpoint()  # the OUT stream's reader reads meanwhile
     finally:
-        await reader.close()
+        await readers.close_inputs()
     return state, inputs, dead
 
 
@@ -418,56 +406,22 @@ async def _fold_stream(
         return caches.state, counts["inputs"], counts["dead"]
 
 
-class _OutputReader:
-    """Reads the OUT stream alongside the fold, keeping every output with a
-    ``Nats-Msg-Id`` (stream sequence, id, subject, payload), until :meth:`until` names
-    the stream's last sequence once the fold is done, or nothing comes for
-    :data:`COMPARE_STALL_S` after that (the rest is then missing)."""
-
-    def __init__(
-        self,
-        nc: Client,
-        js: JetStreamContext,
-        names: StreamNames,
-        *,
-        chunk: int,
-        since: dt.datetime | None,
-    ) -> None:
-        self.head = f"{names.prefix}."
-        self.reader = _StreamReader(nc, js, stream=names.out_stream, chunk=chunk, start_time=since)
-        self.found: list[tuple[int, str, str, bytes]] = []
-        self.last: int | None = None
-        self.done = anyio.Event()
-
-    def until(self, out_last: int) -> None:
-        self.last = out_last
-        self.reader.wake()
-
-    async def run(self) -> None:
-        reader, found = self.reader, self.found
-        quiet_since = time.monotonic()
-        try:
-            while self.last is None or reader.last_taken < self.last:
-                if self.last == 0:
-                    break
-                msgs = await reader.take()
-                if not msgs:
-                    if self.last is not None and time.monotonic() - quiet_since >= COMPARE_STALL_S:
-                        break  # what is not here yet is slow or lost: reported missing
-                    continue
-                quiet_since = time.monotonic()
-                for msg, seq, _, _ in msgs:
-                    headers = msg.headers
-                    msg_id = headers.get(MSG_ID) if headers else None
-                    if msg_id is not None:
-                        found.append((seq, msg_id, msg.subject, msg.data))
-        finally:
-            self.done.set()
-            await reader.close()
+def _readers(
+    nc: Client,
+    js: JetStreamContext,
+    names: StreamNames,
+    connect_opts: ConnectOptions | None,
+    chunk: int,
+    since: dt.datetime | None,
+) -> LocalReaders | ReaderProcess:
+    """The streams' readers: in a child process when the replay knows how to connect."""
+    if connect_opts is not None:
+        return ReaderProcess(connect_opts, names, chunk=chunk, since=since)
+    return LocalReaders(nc, js, names, chunk=chunk, since=since)
 
 
 def _compare(
-    outputs: _OutputReader,
+    outputs: LocalReaders | ReaderProcess,
     *,
     produced: dict[str, tuple[str, bytes]],
     report: ReplayReport,
@@ -499,178 +453,6 @@ def _compare(
     for msg_id, (subject, payload) in produced.items():
         if msg_id not in seen:
             divergences.append(Divergence("missing", msg_id, subject, payload, None))
-
-
-#: messages per pull request of the replay's readers (at least; ``batch`` if larger)
-READ_CHUNK = 1000
-#: pull requests of a reader buffered or owed: the next deliveries are on their way
-_READ_AHEAD = 3
-#: how long past a pull request's expiry a reader waits before it asks again
-_READ_GRACE_S = 5.0
-#: status codes that end a pull request (404 no messages, 408 expired, 409 refused)
-_REQUEST_OVER = frozenset({"404", "408", "409"})
-
-
-class _StreamReader:
-    """A read-only, in-order reader of one stream for the replay: an ephemeral pull
-    consumer without acks (``AckPolicy.NONE``: nothing to ack, nothing redelivered), pull
-    requests of ``chunk`` messages made ahead (:data:`_READ_AHEAD` of them buffered or
-    owed, so the next deliveries are on their way while the caller folds), buffered by a
-    subscription callback. A delivery lost between server and client (the consumer's own
-    sequence skips) restarts the consumer after the last one taken; a gap in the stream
-    sequence with no skip is the stream's own (a purge) and is read over."""
-
-    def __init__(
-        self,
-        nc: Client,
-        js: JetStreamContext,
-        *,
-        stream: str,
-        chunk: int,
-        start_seq: int | None = None,
-        start_time: dt.datetime | None = None,
-        timeout_s: float = 1.0,
-    ) -> None:
-        self._nc, self._js = nc, js
-        self.stream = stream
-        self.chunk = chunk
-        self.timeout_s = timeout_s
-        self._start_time = start_time if start_seq is None else None
-        self._start_seq = start_seq
-        self.name = ""
-        self._sub: Subscription | None = None
-        self._pull = ""
-        self._inbox = ""
-        self._buffer: deque[Msg] = deque()
-        self._owed = 0
-        self._arrived = anyio.Event()
-        #: the stream sequence of the last message taken; the consumer sequence expected
-        self.last_taken = 0
-        self._next_cseq = 1
-        self._broken = False
-        #: which subscription is current: a callback of an earlier one is ignored
-        self._generation = 0
-
-    async def start(self) -> None:
-        await self._close_consumer()
-        self.name = f"replay-{secrets.token_hex(6)}"
-        if self.last_taken:
-            policy = api.DeliverPolicy.BY_START_SEQUENCE
-            start_seq, start_time = self.last_taken + 1, None
-        elif self._start_seq is not None:
-            policy = api.DeliverPolicy.BY_START_SEQUENCE
-            start_seq, start_time = self._start_seq, None
-        elif self._start_time is not None:
-            policy, start_seq, start_time = api.DeliverPolicy.BY_START_TIME, None, self._start_time
-        else:
-            policy, start_seq, start_time = api.DeliverPolicy.ALL, None, None
-        await self._js.add_consumer(
-            self.stream,
-            config=api.ConsumerConfig(
-                name=self.name,
-                deliver_policy=policy,
-                opt_start_seq=start_seq,
-                opt_start_time=start_time,
-                ack_policy=api.AckPolicy.NONE,
-                replay_policy=api.ReplayPolicy.INSTANT,
-                max_waiting=16,
-                num_replicas=1,
-                mem_storage=True,
-                inactive_threshold=60.0,
-            ),
-        )
-        self._buffer.clear()
-        self._owed = 0
-        self._next_cseq = 1
-        self._broken = False
-        self._generation += 1
-        self._inbox = self._nc.new_inbox()
-        self._sub = await self._nc.subscribe(
-            self._inbox,
-            cb=functools.partial(self._on_message, self._generation),
-            pending_msgs_limit=(_READ_AHEAD + 1) * self.chunk + 64,
-            pending_bytes_limit=0,  # bounded by the requests made ahead, not by bytes
-        )
-        self._pull = f"{api.DEFAULT_PREFIX}.CONSUMER.MSG.NEXT.{self.stream}.{self.name}"
-        await self._pull_ahead()
-
-    async def _on_message(self, generation: int, msg: Msg) -> None:
-        if generation != self._generation:
-            return
-        headers = msg.headers
-        status = headers.get("Status") if headers else None
-        if status is None:
-            self._buffer.append(msg)
-            self._owed = max(0, self._owed - 1)
-        elif status in _REQUEST_OVER:
-            left = (headers or {}).get("Nats-Pending-Messages")
-            self._owed = max(0, self._owed - int(left)) if left and left.isdigit() else 0
-            if status == "409":
-                self._broken = True
-        self._arrived.set()
-
-    async def _pull_ahead(self) -> None:
-        while len(self._buffer) + self._owed < _READ_AHEAD * self.chunk:
-            self._owed += self.chunk
-            request = {"batch": self.chunk, "expires": int(self.timeout_s * 1e9)}
-            await self._nc.publish(self._pull, orjson.dumps(request), reply=self._inbox)
-
-    def wake(self) -> None:
-        """Have a :meth:`take` waiting for messages return (empty) at once."""
-        self._arrived.set()
-
-    async def take(self) -> list[tuple[Msg, int, int, int]]:
-        """Up to ``chunk`` messages in order, each with ``(stream_seq, delivered,
-        timestamp_ns)``; ``[]`` when none came within the timeout."""
-        if self._broken or self._sub is None:
-            await self.start()
-        if not self._buffer:
-            self._arrived = anyio.Event()
-            await self._pull_ahead()
-            with anyio.move_on_after(self.timeout_s + _READ_GRACE_S) as scope:
-                await self._arrived.wait()
-            if scope.cancelled_caught:  # the server lost the requests (a reconnect)
-                self._broken = True
-                return []
-        out: list[tuple[Msg, int, int, int]] = []
-        buffer = self._buffer
-        for _ in range(min(self.chunk, len(buffer))):
-            msg = buffer.popleft()
-            tokens = (msg.reply or "").split(".")
-            if len(tokens) == 9:
-                base = 4
-            elif len(tokens) >= 12:
-                base = 6
-            else:
-                continue  # not a delivery
-            cseq = int(tokens[base + 2])
-            if cseq != self._next_cseq:
-                # a delivery lost on the way: read again after the last one taken
-                logger.warning("replay.read_gap", stream=self.stream, after=self.last_taken)
-                self._broken = True
-                return out
-            self._next_cseq = cseq + 1
-            seq = int(tokens[base + 1])
-            self.last_taken = seq
-            out.append((msg, seq, int(tokens[base]), int(tokens[base + 3])))
-        await self._pull_ahead()
-        return out
-
-    async def _close_consumer(self) -> None:
-        sub, self._sub = self._sub, None
-        name, self.name = self.name, ""
-        if sub is not None and not self._nc.is_closed:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        if name:
-            try:
-                await self._js.delete_consumer(self.stream, name)
-            except Exception as exc:  # it goes by itself once inactive
-                logger.debug("replay.consumer_not_deleted", error=repr(exc))
-
-    async def close(self) -> None:
-        with anyio.CancelScope(shield=True):
-            await self._close_consumer()
 
 
 def _lease_id(payload: bytes) -> str | None:
