@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
+import logging
 import os
 import pickle
 import secrets
@@ -537,6 +538,11 @@ def _child() -> None:
     """The child's main: its stdout is the pipe to the replay, nothing else."""
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
+    # the replay reports; its reader only warns (a lost delivery, a consumer not deleted)
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
+    )
     stdin = sys.stdin.buffer
     request = _read_frame(stdin)
     if request is None:
