@@ -5,9 +5,11 @@ over a real nats-server."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from nats.aio.client import Client
 
@@ -16,12 +18,14 @@ import reconciler.replica.replay as replay_module
 from reconciler.bus.connection import ConnectOptions
 from reconciler.core.inputs import Message
 from reconciler.core.state import Effects, State
-from reconciler.replica.replay import replay_into
-from reconciler.replica.snapshots import SnapshotBucket, SnapshotPublisher
+from reconciler.replica.replay import ReplayError, replay_into
+from reconciler.replica.snapshots import SnapshotBucket, SnapshotPublisher, object_name
 from reconciler.store.digest import state_digest
+from reconciler.store.snapshot import read_snapshot
 from reconciler.store.sqlite import Store
 from tests import builders as b
 from tests.bus import BusClient, fast_config, running_replica
+from tests.test_snapshots import tamper
 from tests.workload import mixed
 
 pytestmark = pytest.mark.timeout(120)
@@ -131,3 +135,38 @@ async def test_a_fold_bug_is_replayed_as_the_live_line_recovered(
         assert report.dead_letters == 1 and report.inputs == 12
         assert report.digest == live
     assert calls == [None, None]
+
+
+async def test_a_refused_snapshot_stops_the_child_reader_too(
+    nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    bus = BusClient(nc)
+    await bus.ensure_streams()
+    db = tmp_path / "rc.db"
+    load = mixed(200, seed=12)
+    async with running_replica(fast_config(nats_url, db, snapshot_interval_s=0)) as replica:
+        await bus.send_many(load.setup + load.items)
+        await bus.wait_caught_up()
+        assert replica.store is not None
+        taken = await SnapshotPublisher(
+            store=replica.store, bucket=SnapshotBucket(bus.js, "rc"), interval_s=1
+        ).take()
+        assert taken is not None
+    async with await Store.open(db) as store:
+        snapshot = await store.call(read_snapshot, "read snapshot")
+    assert snapshot.applied_seq == taken.applied_seq
+    obs = await SnapshotBucket(bus.js, "rc")._open(create=False)
+    assert obs is not None
+    await obs.put(object_name(taken.applied_seq), tamper(snapshot.data))
+    await bus.js.purge_stream("RC_IN", seq=taken.applied_seq + 1)
+    with anyio.fail_after(30), pytest.raises(ReplayError, match="digest"):
+        await replay_into(nc, connect_opts=ConnectOptions.from_url(nats_url))
+    # nothing of the replay's readers is left on the streams
+    for stream in ("RC_IN", "RC_OUT"):
+        names = [c.name async for c in _consumers(bus, stream)]
+        assert not [n for n in names if n.startswith("replay-")]
+
+
+async def _consumers(bus: BusClient, stream: str) -> AsyncIterator[Any]:
+    for info in await bus.js.consumers_info(stream):
+        yield info

@@ -326,8 +326,8 @@ async def _fold_in_memory(
     inputs = dead = 0
     if state.applied_seq >= last:
         return state, 0, 0
-    await readers.start_inputs(state.applied_seq + 1, last)
     try:
+        await readers.start_inputs(state.applied_seq + 1, last)
         while (batch := await readers.take_inputs()) is not None:
             deliveries = [
                 Delivery(subject, data, seq, rfc3339_nanos(ts), delivered, "")

@@ -411,6 +411,7 @@ class ReaderProcess:
         self._started = anyio.Event()
         self._last_known = anyio.Event()
         self._stdin: ByteSendStream | None = None
+        self._inputs_started = False
         self._in_send, self._in_receive = anyio.create_memory_object_stream[list[RawInput] | None](
             _PIPE_FRAMES
         )
@@ -425,6 +426,7 @@ class ReaderProcess:
         await self._stdin.send(_frame(command))
 
     async def start_inputs(self, from_seq: int, last: int) -> None:
+        self._inputs_started = True
         await self._command(("in", from_seq, last))
 
     async def take_inputs(self) -> list[RawInput] | None:
@@ -455,6 +457,8 @@ class ReaderProcess:
                 await proc.wait()
         finally:
             self._in_send.close()
+            if not self._inputs_started:  # nobody will take them
+                self._in_receive.close()
             self.done.set()
 
     async def _send_until(self) -> None:
@@ -481,11 +485,14 @@ class ReaderProcess:
 async def _child_read(request: tuple[Any, ...], stdin: BinaryIO, answers: BinaryIO) -> None:
     opts, prefix, since, chunk = request
     nc = await connect(opts)
+    cleanup = contextlib.ExitStack()
     try:
         js = nc.jetstream()
         names = StreamNames.for_prefix(prefix)
         outputs = OutputReader(nc, js, names, chunk=chunk, since=since)
         send, receive = anyio.create_memory_object_stream[bytes](_PIPE_FRAMES)
+        cleanup.callback(send.close)
+        cleanup.callback(receive.close)
 
         async def write() -> None:
             async with receive:
@@ -523,8 +530,9 @@ async def _child_read(request: tuple[Any, ...], stdin: BinaryIO, answers: Binary
                         reading.cancel_scope.cancel()  # inputs nobody takes any more
                         break
             await send.send(_frame(("out", outputs.found)))
-            await send.aclose()
+            send.close()
     finally:
+        cleanup.close()
         with anyio.CancelScope(shield=True):
             await nc.close()
 
