@@ -1,26 +1,34 @@
-"""Replay for audit: fold the IN stream into a fresh store and compare with the OUT stream.
+"""Replay for audit: fold the IN stream afresh and compare with the OUT stream.
 
 Rules (docs/architecture.md, rule 2):
 
 - The stream is folded from its first message by exactly the code ``reconciler run``
-  uses (:class:`~reconciler.replica.caches.Caches`: decoding, dead letters, the fold,
-  the store), into a fresh database (in memory unless a path is given), up to the IN
-  stream's last sequence as seen at start. Nothing is published and nothing is acked on
-  the live consumer: replay uses a consumer of its own, deleted afterwards.
+  uses (:func:`~reconciler.replica.caches.fold_deliveries`: decoding, dead letters, the
+  fold), up to the IN stream's last sequence as seen at start. Without ``db`` the fold
+  runs in memory and nothing is written (no store is read afterwards); with ``db`` it
+  runs through :class:`~reconciler.replica.caches.Caches` and a fresh store at that
+  path, as ``reconciler run`` does. If the fold fails on an input (a bug), the live line
+  reloaded its state from its store and dead-lettered that input: the in-memory fold
+  then starts again through the caches and a store in memory, which do exactly that.
+  Nothing is published and nothing is acked: the streams are read by consumers of the
+  replay's own, without acks, deleted afterwards (:mod:`reconciler.replica.replay_reading`;
+  in a child process when the replay knows how to connect).
 - Every output with a ``Nats-Msg-Id`` (decisions, executor commands, dead letters,
-  config rejections) is compared with the OUT stream, read up to its last sequence once
-  the fold is done. Status messages carry no id and are not compared; outputs that name
-  an input after the replayed range (``input_seq`` / ``stream_seq`` in their payload)
-  are left out, since the live reconciler decided them after the replay began.
+  config rejections) is compared with the OUT stream, read alongside the fold and up to
+  its last sequence as seen once the fold is done. Status messages carry no id and are
+  not compared; outputs that name an input after the replayed range (``input_seq`` /
+  ``stream_seq`` in their payload) are left out, since the live reconciler decided them
+  after the replay began.
 - A divergence is one of: ``mismatch`` (same id, other bytes), ``unexpected`` (on the
   bus, not produced by the replay), ``missing`` (produced by the replay, not on the bus).
   Any divergence fails the replay. On a busy stream the newest outputs may not be
   published yet and show as ``missing``: replay an idle stream, or again.
 - A stream that no longer starts at sequence 1 (aged out by ``max_age``) is replayed from
   a snapshot (:mod:`reconciler.replica.snapshots`): the oldest one from which the stored
-  inputs continue without a gap, verified by its digest (a mismatch is refused), written
-  into the fresh store; the fold starts after it and the report says so
-  (``snapshot_seq``). ``from_snapshot`` asks for that even when the stream is whole.
+  inputs continue without a gap, verified by its digest (a mismatch is refused); the fold
+  starts in its state, after its position (with ``db``, it is written into the fresh
+  store first), and the report says so (``snapshot_seq``). ``from_snapshot`` asks for
+  that even when the stream is whole.
   Outputs of the inputs the snapshot covers are not compared (they were decided before
   it): those naming an input at or below it, and executor commands (which name no
   input) for a lease the snapshot already holds, or that neither the snapshot nor the
