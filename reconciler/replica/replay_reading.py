@@ -268,24 +268,26 @@ class OutputReader:
         self.found: list[tuple[int, str, str, bytes]] = []
         self.last: int | None = None
         self.done = anyio.Event()
+        self._quiet_since = time.monotonic()
 
     def until(self, out_last: int) -> None:
         self.last = out_last
+        self._quiet_since = time.monotonic()  # the stall is counted from here on
         self.reader.wake()
 
     async def run(self) -> None:
         reader, found = self.reader, self.found
-        quiet_since = time.monotonic()
         try:
             while self.last is None or reader.last_taken < self.last:
                 if self.last == 0:
                     break
                 msgs = await reader.take()
                 if not msgs:
-                    if self.last is not None and time.monotonic() - quiet_since >= COMPARE_STALL_S:
+                    quiet = time.monotonic() - self._quiet_since
+                    if self.last is not None and quiet >= COMPARE_STALL_S:
                         break  # what is not here yet is slow or lost: reported missing
                     continue
-                quiet_since = time.monotonic()
+                self._quiet_since = time.monotonic()
                 for msg, seq, _, _ in msgs:
                     headers = msg.headers
                     msg_id = headers.get(MSG_ID) if headers else None
