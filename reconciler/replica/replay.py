@@ -104,6 +104,7 @@ class ReplayReport:
     snapshot_seq: int = 0
     snapshot_digest: str | None = None
     #: wall seconds of each part: ``snapshot`` (fetch and verify), ``fold``, ``compare``
+    #: (the state digest and the rest of the OUT stream, then the comparison)
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -235,6 +236,12 @@ async def replay_into(
                         snapshot=snapshot,
                     )
                 state, inputs, dead = folded
+                seconds["fold"] = time.perf_counter() - clock
+                clock = time.perf_counter()
+                if before is not None:
+                    before.replayed = set(state.leases)
+                outputs.until(int((await js.stream_info(names.out_stream)).state.last_seq or 0))
+                # the digest is computed while the reader takes the rest of the OUT stream
                 report = ReplayReport(
                     first_seq=(snapshot_seq + 1 if snapshot else first) if last else 0,
                     last_seq=last,
@@ -247,11 +254,6 @@ async def replay_into(
                     snapshot_digest=snapshot.digest if snapshot else None,
                     seconds=seconds,
                 )
-                seconds["fold"] = time.perf_counter() - clock
-                clock = time.perf_counter()
-                if before is not None:
-                    before.replayed = set(state.leases)
-                outputs.until(int((await js.stream_info(names.out_stream)).state.last_seq or 0))
                 await outputs.done.wait()
             finally:
                 tg.cancel_scope.cancel()
