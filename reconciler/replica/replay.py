@@ -39,6 +39,7 @@ Rules (docs/architecture.md, rule 2):
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -166,6 +167,7 @@ async def replay_into(
     clock = time.perf_counter()
     chunk = max(batch, READ_CHUNK)
     outputs: LocalReaders | ReaderProcess | None = None
+    collector = _FoldCollector()
     try:
         async with anyio.create_task_group() as tg:
             try:
@@ -201,6 +203,8 @@ async def replay_into(
                 # taken before the fold, which goes on in the snapshot's state
                 snapshot_seq = snapshot.state.applied_seq if snapshot is not None else 0
                 before = _BeforeSnapshot(snapshot) if snapshot is not None else None
+                if snapshot is not None:
+                    collector.freeze()
                 produced: dict[str, tuple[str, bytes]] = {}
                 seconds = {"snapshot": time.perf_counter() - clock}
                 clock = time.perf_counter()
@@ -264,10 +268,44 @@ async def replay_into(
             only = group.exceptions[0]
             raise only from only.__cause__
         raise
+    finally:
+        collector.restore()
     assert outputs is not None
     _compare(outputs, produced=produced, report=report, before=before)
     seconds["compare"] = time.perf_counter() - clock
     return report
+
+
+#: allocations between two collections of the youngest generation during the fold
+#: (CPython: 700); what ``reconciler run --gc-threshold`` sets by default, and why
+#: (:mod:`reconciler.cli.gc_policy`)
+FOLD_GC_THRESHOLD = 10_000
+
+
+class _FoldCollector:
+    """The garbage collector as a replica runs it, for the replay's length: a young
+    generation of :data:`FOLD_GC_THRESHOLD`, and :meth:`freeze` once the snapshot is
+    decoded, which moves its objects (no cycles: refcounting frees what the fold
+    replaces) out of every later collection. :meth:`restore` undoes both; nothing is
+    frozen if the caller froze objects itself."""
+
+    def __init__(self) -> None:
+        self._thresholds = gc.get_threshold()
+        self._frozen = False
+        young, middle, oldest = self._thresholds
+        gc.set_threshold(max(young, FOLD_GC_THRESHOLD), middle, oldest)
+
+    def freeze(self) -> None:
+        if gc.get_freeze_count() == 0:
+            gc.collect()  # nothing dead is frozen
+            gc.freeze()
+            self._frozen = True
+
+    def restore(self) -> None:
+        gc.set_threshold(*self._thresholds)
+        if self._frozen:
+            gc.unfreeze()
+            self._frozen = False
 
 
 #: how much earlier than the first replayed input the output stream is read from
