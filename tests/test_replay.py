@@ -170,3 +170,14 @@ async def test_a_refused_snapshot_stops_the_child_reader_too(
 async def _consumers(bus: BusClient, stream: str) -> AsyncIterator[Any]:
     for info in await bus.js.consumers_info(stream):
         yield info
+
+
+async def test_a_reader_child_that_cannot_connect_fails_the_replay_with_the_reason(
+    nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    bus = BusClient(nc)
+    await bus.ensure_streams()
+    await bus.send(b.snapshot("h1", cpu=64, memory_mib=262144, disk_gib=4000))
+    unreachable = ConnectOptions.from_url("nats://127.0.0.1:1", initial_timeout_s=1.0)
+    with anyio.fail_after(30), pytest.raises(ReplayError, match="reading the streams failed"):
+        await replay_into(nc, connect_opts=unreachable)

@@ -64,6 +64,7 @@ from reconciler.replica.caches import Caches, Commit, FoldFailed, fold_deliverie
 from reconciler.replica.replay_reading import (
     READ_CHUNK,
     LocalReaders,
+    ReaderError,
     ReaderProcess,
 )
 from reconciler.replica.snapshots import SnapshotBucket, snapshot_for_replay, stream_identity
@@ -264,9 +265,12 @@ async def replay_into(
     except BaseExceptionGroup as group:
         # the OUT stream's reader runs in a task group: its own errors, or the fold's,
         # come out as themselves
-        if len(group.exceptions) == 1:
-            only = group.exceptions[0]
-            raise only from only.__cause__
+        leaves = _leaves(group)
+        failed = [e for e in leaves if isinstance(e, ReaderError)]
+        if failed and len(failed) == len(leaves):  # the reader, and whatever waited on it
+            raise ReplayError(str(failed[0])) from failed[0]
+        if len(leaves) == 1:
+            raise leaves[0] from leaves[0].__cause__
         raise
     finally:
         collector.restore()
@@ -280,6 +284,14 @@ async def replay_into(
 #: (CPython: 700); what ``reconciler run --gc-threshold`` sets by default, and why
 #: (:mod:`reconciler.cli.gc_policy`)
 FOLD_GC_THRESHOLD = 10_000
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The exceptions of ``group`` and of the groups nested in it."""
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found
 
 
 class _FoldCollector:

@@ -61,6 +61,7 @@ __all__ = [
     "LocalReaders",
     "OutputReader",
     "RawInput",
+    "ReaderError",
     "ReaderProcess",
     "StreamReader",
 ]
@@ -69,6 +70,12 @@ logger = structlog.get_logger(__name__)
 
 #: how long reading the OUT stream may go without a message before the rest is missing
 COMPARE_STALL_S = 30.0
+
+
+class ReaderError(RuntimeError):
+    """The reader child failed (the message says why: it could not connect, say)."""
+
+
 #: an output kept for the comparison: stream sequence, ``Nats-Msg-Id``, subject, payload
 Found = tuple[int, str, str, bytes]
 #: an input as read: subject, payload, stream sequence, deliveries, storage time (ns)
@@ -414,6 +421,8 @@ class ReaderProcess:
         self._last_known = anyio.Event()
         self._stdin: ByteSendStream | None = None
         self._inputs_started = False
+        #: why the child failed, once it has
+        self.failure: str | None = None
         self._in_send, self._in_receive = anyio.create_memory_object_stream[list[RawInput] | None](
             _PIPE_FRAMES
         )
@@ -436,7 +445,8 @@ class ReaderProcess:
         try:
             return await self._in_receive.receive()
         except anyio.EndOfStream:
-            raise RuntimeError("the replay's reader process stopped") from None
+            await self.done.wait()  # and say why
+            raise ReaderError(self.failure or "the replay's reader process stopped") from None
 
     async def close_inputs(self) -> None:
         """No more inputs wanted: those still coming are dropped."""
@@ -455,8 +465,12 @@ class ReaderProcess:
                 self._started.set()
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._send_until)
-                    await self._receive(BufferedByteReceiveStream(proc.stdout))
+                    failure = await self._receive(BufferedByteReceiveStream(proc.stdout))
+                    tg.cancel_scope.cancel()
                 await proc.wait()
+            if failure is not None:  # raised here, not inside the task group
+                self.failure = failure
+                raise ReaderError(failure)
         finally:
             self._in_send.close()
             if not self._inputs_started:  # nobody will take them
@@ -465,23 +479,25 @@ class ReaderProcess:
 
     async def _send_until(self) -> None:
         await self._last_known.wait()
-        await self._command(("until", self.last))
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self._command(("until", self.last))  # a child that died says why
 
-    async def _receive(self, stdout: BufferedByteReceiveStream) -> None:
+    async def _receive(self, stdout: BufferedByteReceiveStream) -> str | None:
+        """Hand the inputs over until the outputs come; why not, if they never do."""
         while True:
             try:
                 (size,) = _FRAME.unpack(await stdout.receive_exactly(_FRAME.size))
                 kind, value = pickle.loads(await stdout.receive_exactly(size))
             except (anyio.IncompleteRead, anyio.EndOfStream):
-                raise RuntimeError("the replay's reader process ended without an answer") from None
+                return "the replay's reader process ended without an answer"
             if kind == "in":
                 with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     await self._in_send.send(value)
             elif kind == "out":
                 self.found = value
-                return
+                return None
             else:
-                raise RuntimeError(f"reading the streams failed: {value}")
+                return f"reading the streams failed: {value}"
 
 
 async def _child_read(request: tuple[Any, ...], stdin: BinaryIO, answers: BinaryIO) -> None:
