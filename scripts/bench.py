@@ -92,6 +92,7 @@ import os
 import platform
 import random
 import re
+import resource
 import shutil
 import signal
 import sqlite3
@@ -1390,11 +1391,12 @@ async def snapshot_phase(ctx: Context) -> dict[str, Any]:
     ``--messages`` inputs and publishes a snapshot of it; it then folds the second half.
     The IN stream is purged below the snapshot's position, as if the first half had aged
     out. ``replay_from_snapshot_per_s`` is the inputs of the tail divided by the time
-    of ``replay_into`` (fetch and verify the snapshot, write it to a fresh store, fold
-    the tail, compare every output with the OUT stream), in this process;
-    ``bare_read_per_s`` the bare fetch+ack loop over the same tail; the ratio is the
-    first over the second.
+    of ``replay_into`` (fetch and verify the snapshot, fold the tail, compare every
+    output with the OUT stream), in this process, connected as ``reconciler replay`` is
+    (its reader child reads both streams); ``bare_read_per_s`` the bare fetch+ack loop
+    over the same tail; the ratio is the first over the second.
     """
+    from reconciler.bus.connection import ConnectOptions
     from reconciler.replica.replay import replay_into
     from reconciler.replica.snapshots import SnapshotBucket
 
@@ -1434,8 +1436,18 @@ async def snapshot_phase(ctx: Context) -> dict[str, Any]:
     tail = last - snapshot_seq
     bare = await baseline_fetch_ack(ctx, names, total=tail, durable="bench-bare-tail")
     started = time.perf_counter()
-    report = await replay_into(ctx.nc, prefix=names.prefix, batch=opts.batch)
+    cpu = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    # connected as `reconciler replay` is: both streams are read by its child process
+    report = await replay_into(
+        ctx.nc,
+        prefix=names.prefix,
+        batch=opts.batch,
+        connect_opts=ConnectOptions.from_url(ctx.url, name="bench-replay"),
+    )
     elapsed = time.perf_counter() - started
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    replay_cpu = time.process_time() - cpu[0]
+    reader_cpu = children.ru_utime + children.ru_stime - cpu[1].ru_utime - cpu[1].ru_stime
     if not report.ok or report.snapshot_seq != snapshot_seq:
         raise BenchError(
             f"replay from the snapshot at {snapshot_seq}: started at {report.snapshot_seq}, "
@@ -1457,6 +1469,10 @@ async def snapshot_phase(ctx: Context) -> dict[str, Any]:
             "replay_seconds": round(elapsed, 2),
             "replay_part_seconds": {k: round(v, 2) for k, v in report.seconds.items()},
             "replay_fold_per_s": round(report.inputs / report.seconds["fold"]),
+            # CPU per tail input: the replay's own process, its reader child, the bare loop
+            "replay_cpu_us": round(replay_cpu / report.inputs * 1e6, 1),
+            "replay_reader_cpu_us": round(reader_cpu / report.inputs * 1e6, 1),
+            "bare_read_cpu_us": round(bare.client_cpu_us, 1),
         },
     }
 

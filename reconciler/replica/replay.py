@@ -1,26 +1,34 @@
-"""Replay for audit: fold the IN stream into a fresh store and compare with the OUT stream.
+"""Replay for audit: fold the IN stream afresh and compare with the OUT stream.
 
 Rules (docs/architecture.md, rule 2):
 
 - The stream is folded from its first message by exactly the code ``reconciler run``
-  uses (:class:`~reconciler.replica.caches.Caches`: decoding, dead letters, the fold,
-  the store), into a fresh database (in memory unless a path is given), up to the IN
-  stream's last sequence as seen at start. Nothing is published and nothing is acked on
-  the live consumer: replay uses a consumer of its own, deleted afterwards.
+  uses (:func:`~reconciler.replica.caches.fold_deliveries`: decoding, dead letters, the
+  fold), up to the IN stream's last sequence as seen at start. Without ``db`` the fold
+  runs in memory and nothing is written (no store is read afterwards); with ``db`` it
+  runs through :class:`~reconciler.replica.caches.Caches` and a fresh store at that
+  path, as ``reconciler run`` does. If the fold fails on an input (a bug), the live line
+  reloaded its state from its store and dead-lettered that input: the in-memory fold
+  then starts again through the caches and a store in memory, which do exactly that.
+  Nothing is published and nothing is acked: the streams are read by consumers of the
+  replay's own, without acks, deleted afterwards (:mod:`reconciler.replica.replay_reading`;
+  in a child process when the replay knows how to connect).
 - Every output with a ``Nats-Msg-Id`` (decisions, executor commands, dead letters,
-  config rejections) is compared with the OUT stream, read up to its last sequence once
-  the fold is done. Status messages carry no id and are not compared; outputs that name
-  an input after the replayed range (``input_seq`` / ``stream_seq`` in their payload)
-  are left out, since the live reconciler decided them after the replay began.
+  config rejections) is compared with the OUT stream, read alongside the fold and up to
+  its last sequence as seen once the fold is done. Status messages carry no id and are
+  not compared; outputs that name an input after the replayed range (``input_seq`` /
+  ``stream_seq`` in their payload) are left out, since the live reconciler decided them
+  after the replay began.
 - A divergence is one of: ``mismatch`` (same id, other bytes), ``unexpected`` (on the
   bus, not produced by the replay), ``missing`` (produced by the replay, not on the bus).
   Any divergence fails the replay. On a busy stream the newest outputs may not be
   published yet and show as ``missing``: replay an idle stream, or again.
 - A stream that no longer starts at sequence 1 (aged out by ``max_age``) is replayed from
   a snapshot (:mod:`reconciler.replica.snapshots`): the oldest one from which the stored
-  inputs continue without a gap, verified by its digest (a mismatch is refused), written
-  into the fresh store; the fold starts after it and the report says so
-  (``snapshot_seq``). ``from_snapshot`` asks for that even when the stream is whole.
+  inputs continue without a gap, verified by its digest (a mismatch is refused); the fold
+  starts in its state, after its position (with ``db``, it is written into the fresh
+  store first), and the report says so (``snapshot_seq``). ``from_snapshot`` asks for
+  that even when the stream is whole.
   Outputs of the inputs the snapshot covers are not compared (they were decided before
   it): those naming an input at or below it, and executor commands (which name no
   input) for a lease the snapshot already holds, or that neither the snapshot nor the
@@ -31,6 +39,7 @@ Rules (docs/architecture.md, rule 2):
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -38,21 +47,26 @@ from pathlib import Path
 from typing import Literal
 
 import anyio
+import anyio.lowlevel
 import orjson
 import structlog
 from nats.aio.client import Client
-from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js import JetStreamContext, api
+from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from reconciler.bus.codec import Decoder
 from reconciler.bus.connection import ConnectOptions, connect
-from reconciler.bus.consumer import InputConsumer
-from reconciler.bus.publisher import MSG_ID
+from reconciler.bus.consumer import Delivery, InputConsumer, rfc3339_nanos
 from reconciler.bus.streams import StreamNames
 from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
 from reconciler.core.state import State
-from reconciler.replica.caches import Caches, Commit
+from reconciler.replica.caches import Caches, Commit, FoldFailed, fold_deliveries
+from reconciler.replica.replay_reading import (
+    READ_CHUNK,
+    LocalReaders,
+    ReaderError,
+    ReaderProcess,
+)
 from reconciler.replica.snapshots import SnapshotBucket, snapshot_for_replay, stream_identity
 from reconciler.store.digest import state_digest
 from reconciler.store.snapshot import DecodedSnapshot, SnapshotError, restore_batch
@@ -92,6 +106,7 @@ class ReplayReport:
     snapshot_seq: int = 0
     snapshot_digest: str | None = None
     #: wall seconds of each part: ``snapshot`` (fetch and verify), ``fold``, ``compare``
+    #: (the state digest and the rest of the OUT stream, then the comparison)
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -118,14 +133,11 @@ async def replay(
             batch=batch,
             decision_retention_s=decision_retention_s,
             from_snapshot=from_snapshot,
+            connect_opts=opts,
         )
     finally:
         with anyio.CancelScope(shield=True):
             await nc.close()
-
-
-#: how long reading the OUT stream may go without a message before the rest is missing
-COMPARE_STALL_S = 30.0
 
 
 async def replay_into(
@@ -136,9 +148,11 @@ async def replay_into(
     batch: int = 1000,
     decision_retention_s: int | None = DEFAULT_DECISION_RETENTION_S,
     from_snapshot: bool = False,
+    connect_opts: ConnectOptions | None = None,
 ) -> ReplayReport:
     """Replay over an open connection, folding with the replicas' ``--decision-retention``
-    (the state, and so the digest, depends on it)."""
+    (the state, and so the digest, depends on it). With ``connect_opts`` (how ``nc`` was
+    connected), the OUT stream is read by a child process on a connection of its own."""
     names = StreamNames.for_prefix(prefix)
     js = nc.jetstream()
     try:
@@ -150,65 +164,160 @@ async def replay_into(
     if db is not None and await anyio.Path(db).exists():
         raise ReplayError(f"{db} exists: replay folds into a fresh database")
     snapshot: DecodedSnapshot | None = None
+    bucket: SnapshotBucket | None = None
     clock = time.perf_counter()
-    if last and (first > 1 or from_snapshot):
-        try:
-            identity = await stream_identity(js, names.in_stream)
-            snapshot = await snapshot_for_replay(
-                SnapshotBucket(js, prefix, identity), stream_first=first, stream_last=last
-            )
-        except SnapshotError as exc:
-            aged = f"inputs 1..{first - 1} have aged out (max_age), and " if first > 1 else ""
-            raise ReplayError(
-                f"{names.in_stream} starts at seq {first}: {aged}{exc}, so the state "
-                f"cannot be rebuilt"
-            ) from exc
-    # taken before the fold, which goes on in the snapshot's state
-    snapshot_seq = snapshot.state.applied_seq if snapshot is not None else 0
-    before = _BeforeSnapshot(snapshot) if snapshot is not None else None
-    produced: dict[str, tuple[str, bytes]] = {}
-    seconds = {"snapshot": time.perf_counter() - clock}
-    clock = time.perf_counter()
-    state, inputs, dead = await _fold_stream(
-        nc,
-        js,
-        names,
-        db=db,
-        last=last,
-        batch=batch,
-        produced=produced,
-        retention=decision_retention_s,
-        snapshot=snapshot,
-    )
-    report = ReplayReport(
-        first_seq=(snapshot_seq + 1 if snapshot else first) if last else 0,
-        last_seq=last,
-        inputs=inputs,
-        dead_letters=dead,
-        outputs=len(produced),
-        compared=0,
-        digest=state_digest(state),
-        snapshot_seq=snapshot_seq,
-        snapshot_digest=snapshot.digest if snapshot else None,
-        seconds=seconds,
-    )
-    seconds["fold"] = time.perf_counter() - clock
-    clock = time.perf_counter()
-    if before is not None:
-        before.replayed = set(state.leases)
-    out_last = int((await js.stream_info(names.out_stream)).state.last_seq or 0)
-    since = await _tail_start(js, names, snapshot_seq, last) if snapshot is not None else None
-    await _compare(
-        js,
-        names,
-        out_last=out_last,
-        produced=produced,
-        report=report,
-        before=before,
-        since=since,
-    )
+    chunk = max(batch, READ_CHUNK)
+    outputs: LocalReaders | ReaderProcess | None = None
+    collector = _FoldCollector()
+    try:
+        async with anyio.create_task_group() as tg:
+            try:
+                if last and (first > 1 or from_snapshot):
+                    try:
+                        identity = await stream_identity(js, names.in_stream)
+                        bucket = SnapshotBucket(js, prefix, identity)
+                        # the OUT stream is read while the snapshot is fetched and the tail
+                        # folded, from the oldest candidate's tail on (a newer one's is later)
+                        usable = [
+                            seq for seq in await bucket.positions() if first - 1 <= seq <= last
+                        ]
+                        if usable:
+                            since = await _tail_start(js, names, usable[0], last)
+                            outputs = _readers(nc, js, names, connect_opts, chunk, since)
+                            tg.start_soon(outputs.run)
+                        snapshot = await snapshot_for_replay(
+                            bucket, stream_first=first, stream_last=last
+                        )
+                    except SnapshotError as exc:
+                        aged = (
+                            f"inputs 1..{first - 1} have aged out (max_age), and "
+                            if first > 1
+                            else ""
+                        )
+                        raise ReplayError(
+                            f"{names.in_stream} starts at seq {first}: {aged}{exc}, so the state "
+                            f"cannot be rebuilt"
+                        ) from exc
+                if outputs is None:
+                    outputs = _readers(nc, js, names, connect_opts, chunk, None)
+                    tg.start_soon(outputs.run)
+                # taken before the fold, which goes on in the snapshot's state
+                snapshot_seq = snapshot.state.applied_seq if snapshot is not None else 0
+                before = _BeforeSnapshot(snapshot) if snapshot is not None else None
+                if snapshot is not None:
+                    collector.freeze()
+                produced: dict[str, tuple[str, bytes]] = {}
+                seconds = {"snapshot": time.perf_counter() - clock}
+                clock = time.perf_counter()
+                folded: tuple[State, int, int] | None = None
+                if db is None:
+                    try:
+                        folded = await _fold_in_memory(
+                            names,
+                            last=last,
+                            readers=outputs,
+                            produced=produced,
+                            retention=decision_retention_s,
+                            snapshot=snapshot,
+                        )
+                    except FoldFailed as failure:
+                        # a bug in the fold: the live line reloaded its state from the store
+                        # and dead-lettered the input; the replay does exactly that, with it
+                        logger.warning("replay.fold_failed", error=repr(failure.cause))
+                        produced.clear()
+                        if snapshot is not None:
+                            assert bucket is not None
+                            snapshot = await bucket.fetch(snapshot_seq)
+                if folded is None:
+                    folded = await _fold_stream(
+                        nc,
+                        js,
+                        names,
+                        db=db,
+                        last=last,
+                        batch=batch,
+                        produced=produced,
+                        retention=decision_retention_s,
+                        snapshot=snapshot,
+                    )
+                state, inputs, dead = folded
+                seconds["fold"] = time.perf_counter() - clock
+                clock = time.perf_counter()
+                if before is not None:
+                    before.replayed = set(state.leases)
+                outputs.until(int((await js.stream_info(names.out_stream)).state.last_seq or 0))
+                # the digest is computed while the reader takes the rest of the OUT stream
+                report = ReplayReport(
+                    first_seq=(snapshot_seq + 1 if snapshot else first) if last else 0,
+                    last_seq=last,
+                    inputs=inputs,
+                    dead_letters=dead,
+                    outputs=len(produced),
+                    compared=0,
+                    digest=state_digest(state),
+                    snapshot_seq=snapshot_seq,
+                    snapshot_digest=snapshot.digest if snapshot else None,
+                    seconds=seconds,
+                )
+                await outputs.done.wait()
+            finally:
+                tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # the OUT stream's reader runs in a task group: its own errors, or the fold's,
+        # come out as themselves
+        leaves = _leaves(group)
+        failed = [e for e in leaves if isinstance(e, ReaderError)]
+        if failed and len(failed) == len(leaves):  # the reader, and whatever waited on it
+            raise ReplayError(str(failed[0])) from failed[0]
+        if len(leaves) == 1:
+            raise leaves[0] from leaves[0].__cause__
+        raise
+    finally:
+        collector.restore()
+    assert outputs is not None
+    _compare(outputs, produced=produced, report=report, before=before)
     seconds["compare"] = time.perf_counter() - clock
     return report
+
+
+#: allocations between two collections of the youngest generation during the fold
+#: (CPython: 700); what ``reconciler run --gc-threshold`` sets by default, and why
+#: (:mod:`reconciler.cli.gc_policy`)
+FOLD_GC_THRESHOLD = 10_000
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The exceptions of ``group`` and of the groups nested in it."""
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found
+
+
+class _FoldCollector:
+    """The garbage collector as a replica runs it, for the replay's length: a young
+    generation of :data:`FOLD_GC_THRESHOLD`, and :meth:`freeze` once the snapshot is
+    decoded, which moves its objects (no cycles: refcounting frees what the fold
+    replaces) out of every later collection. :meth:`restore` undoes both; nothing is
+    frozen if the caller froze objects itself."""
+
+    def __init__(self) -> None:
+        self._thresholds = gc.get_threshold()
+        self._frozen = False
+        young, middle, oldest = self._thresholds
+        gc.set_threshold(max(young, FOLD_GC_THRESHOLD), middle, oldest)
+
+    def freeze(self) -> None:
+        if gc.get_freeze_count() == 0:
+            gc.collect()  # nothing dead is frozen
+            gc.freeze()
+            self._frozen = True
+
+    def restore(self) -> None:
+        gc.set_threshold(*self._thresholds)
+        if self._frozen:
+            gc.unfreeze()
+            self._frozen = False
 
 
 #: how much earlier than the first replayed input the output stream is read from
@@ -247,6 +356,53 @@ class _BeforeSnapshot:
         if lease_id is None:
             return False
         return lease_id in self.leases or lease_id not in self.replayed
+
+
+async def _fold_in_memory(
+    names: StreamNames,
+    *,
+    last: int,
+    readers: LocalReaders | ReaderProcess,
+    produced: dict[str, tuple[str, bytes]],
+    retention: int | None = DEFAULT_DECISION_RETENTION_S,
+    snapshot: DecodedSnapshot | None = None,
+) -> tuple[State, int, int]:
+    """The fold of the caches (:func:`~reconciler.replica.caches.fold_deliveries`:
+    decoding, dead letters, the fold), without the store nobody reads afterwards.
+    Raises :class:`FoldFailed` where the fold fails (the caller folds again with a store,
+    as the live line did)."""
+    state = State(decision_retention_s=retention)
+    if snapshot is not None:
+        state = snapshot.state
+        state.decision_retention_s = retention  # configuration: the replicas' value
+        logger.info(
+            "replay.from_snapshot",
+            applied_seq=state.applied_seq,
+            digest=snapshot.digest,
+            leases=len(state.leases),
+        )
+    decoder = Decoder()
+    prefix = names.prefix
+    inputs = dead = 0
+    if state.applied_seq >= last:
+        return state, 0, 0
+    try:
+        await readers.start_inputs(state.applied_seq + 1, last)
+        while (batch := await readers.take_inputs()) is not None:
+            deliveries = [
+                Delivery(subject, data, seq, rfc3339_nanos(ts), delivered, "")
+                for subject, data, seq, delivered, ts in batch
+            ]
+            folded = fold_deliveries(state, deliveries, decoder, prefix=prefix)
+            inputs += len(folded.good) + len(folded.bad)
+            dead += len(folded.bad)
+            for out in folded.fx.outputs:
+                if out.msg_id is not None and out.msg_id not in produced:
+                    produced[out.msg_id] = (out.subject, out.payload)
+            await anyio.lowlevel.checkpoint()  # the OUT stream's reader reads meanwhile
+    finally:
+        await readers.close_inputs()
+    return state, inputs, dead
 
 
 async def _fold_stream(
@@ -310,73 +466,53 @@ async def _fold_stream(
         return caches.state, counts["inputs"], counts["dead"]
 
 
-async def _compare(
+def _readers(
+    nc: Client,
     js: JetStreamContext,
     names: StreamNames,
+    connect_opts: ConnectOptions | None,
+    chunk: int,
+    since: dt.datetime | None,
+) -> LocalReaders | ReaderProcess:
+    """The streams' readers: in a child process when the replay knows how to connect."""
+    if connect_opts is not None:
+        return ReaderProcess(connect_opts, names, chunk=chunk, since=since)
+    return LocalReaders(nc, js, names, chunk=chunk, since=since)
+
+
+def _compare(
+    outputs: LocalReaders | ReaderProcess,
     *,
-    out_last: int,
     produced: dict[str, tuple[str, bytes]],
     report: ReplayReport,
     before: _BeforeSnapshot | None = None,
-    since: dt.datetime | None = None,
 ) -> None:
     seen: set[str] = set()
-    head = f"{names.prefix}."
-    if out_last > 0:
-        sub = await js.pull_subscribe(
-            names.out_subjects,
-            stream=names.out_stream,
-            config=api.ConsumerConfig(
-                ack_policy=api.AckPolicy.NONE,
-                deliver_policy=api.DeliverPolicy.ALL
-                if since is None
-                else api.DeliverPolicy.BY_START_TIME,
-                opt_start_time=since,
-                inactive_threshold=60.0,
-            ),
-        )
-        try:
-            seq = 0
-            stalled = 0.0  # seconds without a message: a busy or failing-over cluster
-            while seq < out_last:
-                try:
-                    msgs = await sub.fetch(1000, timeout=2.0)
-                except (TimeoutError, NatsTimeoutError):
-                    # the stream has up to out_last: what is not here yet is slow, not
-                    # missing (giving up at once reported it as divergences)
-                    stalled += 2.0
-                    if stalled >= COMPARE_STALL_S:
-                        break
-                    continue
-                stalled = 0.0
-                for msg in msgs:
-                    seq = msg.metadata.sequence.stream
-                    if seq > out_last:
-                        break
-                    msg_id = (msg.headers or {}).get(MSG_ID)
-                    if msg_id is None:
-                        continue
-                    subject = msg.subject.removeprefix(head)
-                    expected = produced.get(msg_id)
-                    if expected is None and _input_seq(msg.data) > report.last_seq:
-                        continue  # decided live after the replayed range
-                    if expected is None and before is not None and before.covers(msg.data):
-                        continue  # decided before the snapshot the replay started from
-                    report.compared += 1
-                    seen.add(msg_id)
-                    if expected is None:
-                        report.divergences.append(
-                            Divergence("unexpected", msg_id, subject, None, msg.data)
-                        )
-                    elif expected[1] != msg.data or expected[0] != subject:
-                        report.divergences.append(
-                            Divergence("mismatch", msg_id, subject, expected[1], msg.data)
-                        )
-        finally:
-            await sub.unsubscribe()
+    head = outputs.head
+    out_last = outputs.last or 0
+    divergences = report.divergences
+    compared = 0
+    for seq, msg_id, full_subject, data in outputs.found:
+        if seq > out_last:
+            break
+        expected = produced.get(msg_id)
+        if expected is None:
+            if _input_seq(data) > report.last_seq:
+                continue  # decided live after the replayed range
+            if before is not None and before.covers(data):
+                continue  # decided before the snapshot the replay started from
+        compared += 1
+        seen.add(msg_id)
+        if expected is None:
+            subject = full_subject.removeprefix(head)
+            divergences.append(Divergence("unexpected", msg_id, subject, None, data))
+        elif expected[1] != data or expected[0] != full_subject.removeprefix(head):
+            subject = full_subject.removeprefix(head)
+            divergences.append(Divergence("mismatch", msg_id, subject, expected[1], data))
+    report.compared = compared
     for msg_id, (subject, payload) in produced.items():
         if msg_id not in seen:
-            report.divergences.append(Divergence("missing", msg_id, subject, payload, None))
+            divergences.append(Divergence("missing", msg_id, subject, payload, None))
 
 
 def _lease_id(payload: bytes) -> str | None:

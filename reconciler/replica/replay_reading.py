@@ -1,0 +1,584 @@
+"""The replay's readers of the streams (:mod:`reconciler.replica.replay`), and the child
+process that reads the OUT stream on a core of its own.
+
+Rules:
+
+- Both streams are only read: ephemeral pull consumers without acks
+  (``AckPolicy.NONE``), in memory, one replica, deleted afterwards (and gone by
+  themselves once inactive), with pull requests of ``chunk`` messages made ahead so the
+  next deliveries are on their way while the caller folds.
+- Deliveries are taken in order; one lost between server and client (the consumer's
+  own sequence skips) restarts the consumer after the last one taken.
+- The OUT stream is read while the snapshot is fetched and the tail folded, in a child
+  process when the replay knows how to connect (:class:`OutputProcess`, ``python -m
+  reconciler.replica.replay_reading``), else on the replay's own loop
+  (:class:`OutputReader`). Either keeps every output with a ``Nats-Msg-Id`` (stream
+  sequence, id, subject, payload) until told the stream's last sequence once the fold
+  is done, or until nothing comes for :data:`COMPARE_STALL_S` after that.
+- The child's pipes carry frames of a 4-byte big-endian length then a pickle: the
+  request (connection options, prefix, start time, chunk), then the last sequence (or
+  the pipe closing: stop), and back ``("ok", found)`` or ``("error", why)``. Its
+  stdout is the pipe alone (anything printed goes to stderr).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import functools
+import logging
+import os
+import pickle
+import secrets
+import struct
+import sys
+import time
+from collections import deque
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import anyio
+import anyio.to_thread
+import orjson
+import structlog
+from anyio.abc import ByteSendStream
+from anyio.streams.buffered import BufferedByteReceiveStream
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext, api
+
+from reconciler.bus.connection import ConnectOptions, connect
+from reconciler.bus.publisher import MSG_ID
+from reconciler.bus.streams import StreamNames
+
+__all__ = [
+    "COMPARE_STALL_S",
+    "READ_CHUNK",
+    "Found",
+    "InputReader",
+    "LocalReaders",
+    "OutputReader",
+    "RawInput",
+    "ReaderError",
+    "ReaderProcess",
+    "StreamReader",
+]
+
+logger = structlog.get_logger(__name__)
+
+#: how long reading the OUT stream may go without a message before the rest is missing
+COMPARE_STALL_S = 30.0
+
+
+class ReaderError(RuntimeError):
+    """The reader child failed (the message says why: it could not connect, say)."""
+
+
+#: an output kept for the comparison: stream sequence, ``Nats-Msg-Id``, subject, payload
+Found = tuple[int, str, str, bytes]
+#: an input as read: subject, payload, stream sequence, deliveries, storage time (ns)
+RawInput = tuple[str, bytes, int, int, int]
+#: frames of inputs on their way between the child's reader and the fold
+_PIPE_FRAMES = 4
+
+#: messages per pull request of the replay's readers (at least; ``batch`` if larger)
+READ_CHUNK = 1000
+#: pull requests of a reader buffered or owed: the next deliveries are on their way
+_READ_AHEAD = 3
+#: how long past a pull request's expiry a reader waits before it asks again
+_READ_GRACE_S = 5.0
+#: status codes that end a pull request (404 no messages, 408 expired, 409 refused)
+_REQUEST_OVER = frozenset({"404", "408", "409"})
+
+
+class StreamReader:
+    """A read-only, in-order reader of one stream for the replay: an ephemeral pull
+    consumer without acks (``AckPolicy.NONE``: nothing to ack, nothing redelivered), pull
+    requests of ``chunk`` messages made ahead (:data:`_READ_AHEAD` of them buffered or
+    owed, so the next deliveries are on their way while the caller folds), buffered by a
+    subscription callback. A delivery lost between server and client (the consumer's own
+    sequence skips) restarts the consumer after the last one taken; a gap in the stream
+    sequence with no skip is the stream's own (a purge) and is read over."""
+
+    def __init__(
+        self,
+        nc: Client,
+        js: JetStreamContext,
+        *,
+        stream: str,
+        chunk: int,
+        start_seq: int | None = None,
+        start_time: dt.datetime | None = None,
+        timeout_s: float = 1.0,
+    ) -> None:
+        self._nc, self._js = nc, js
+        self.stream = stream
+        self.chunk = chunk
+        self.timeout_s = timeout_s
+        self._start_time = start_time if start_seq is None else None
+        self._start_seq = start_seq
+        self.name = ""
+        self._sub: Subscription | None = None
+        self._pull = ""
+        self._inbox = ""
+        self._buffer: deque[Msg] = deque()
+        self._owed = 0
+        self._arrived = anyio.Event()
+        #: the stream sequence of the last message taken; the consumer sequence expected
+        self.last_taken = 0
+        self._next_cseq = 1
+        self._broken = False
+        #: which subscription is current: a callback of an earlier one is ignored
+        self._generation = 0
+
+    async def start(self) -> None:
+        await self._close_consumer()
+        self.name = f"replay-{secrets.token_hex(6)}"
+        if self.last_taken:
+            policy = api.DeliverPolicy.BY_START_SEQUENCE
+            start_seq, start_time = self.last_taken + 1, None
+        elif self._start_seq is not None:
+            policy = api.DeliverPolicy.BY_START_SEQUENCE
+            start_seq, start_time = self._start_seq, None
+        elif self._start_time is not None:
+            policy, start_seq, start_time = api.DeliverPolicy.BY_START_TIME, None, self._start_time
+        else:
+            policy, start_seq, start_time = api.DeliverPolicy.ALL, None, None
+        await self._js.add_consumer(
+            self.stream,
+            config=api.ConsumerConfig(
+                name=self.name,
+                deliver_policy=policy,
+                opt_start_seq=start_seq,
+                opt_start_time=start_time,
+                ack_policy=api.AckPolicy.NONE,
+                replay_policy=api.ReplayPolicy.INSTANT,
+                max_waiting=16,
+                num_replicas=1,
+                mem_storage=True,
+                inactive_threshold=60.0,
+            ),
+        )
+        self._buffer.clear()
+        self._owed = 0
+        self._next_cseq = 1
+        self._broken = False
+        self._generation += 1
+        self._inbox = self._nc.new_inbox()
+        self._sub = await self._nc.subscribe(
+            self._inbox,
+            cb=functools.partial(self._on_message, self._generation),
+            pending_msgs_limit=(_READ_AHEAD + 1) * self.chunk + 64,
+            pending_bytes_limit=0,  # bounded by the requests made ahead, not by bytes
+        )
+        self._pull = f"{api.DEFAULT_PREFIX}.CONSUMER.MSG.NEXT.{self.stream}.{self.name}"
+        await self._pull_ahead()
+
+    async def _on_message(self, generation: int, msg: Msg) -> None:
+        if generation != self._generation:
+            return
+        headers = msg.headers
+        status = headers.get("Status") if headers else None
+        if status is None:
+            self._buffer.append(msg)
+            self._owed = max(0, self._owed - 1)
+        elif status in _REQUEST_OVER:
+            left = (headers or {}).get("Nats-Pending-Messages")
+            self._owed = max(0, self._owed - int(left)) if left and left.isdigit() else 0
+            if status == "409":
+                self._broken = True
+        self._arrived.set()
+
+    async def _pull_ahead(self) -> None:
+        while len(self._buffer) + self._owed < _READ_AHEAD * self.chunk:
+            self._owed += self.chunk
+            request = {"batch": self.chunk, "expires": int(self.timeout_s * 1e9)}
+            await self._nc.publish(self._pull, orjson.dumps(request), reply=self._inbox)
+
+    def wake(self) -> None:
+        """Have a :meth:`take` waiting for messages return (empty) at once."""
+        self._arrived.set()
+
+    async def take(self) -> list[tuple[Msg, int, int, int]]:
+        """Up to ``chunk`` messages in order, each with ``(stream_seq, delivered,
+        timestamp_ns)``; ``[]`` when none came within the timeout."""
+        if self._broken or self._sub is None:
+            await self.start()
+        if not self._buffer:
+            self._arrived = anyio.Event()
+            await self._pull_ahead()
+            with anyio.move_on_after(self.timeout_s + _READ_GRACE_S) as scope:
+                await self._arrived.wait()
+            if scope.cancelled_caught:  # the server lost the requests (a reconnect)
+                self._broken = True
+                return []
+        out: list[tuple[Msg, int, int, int]] = []
+        buffer = self._buffer
+        for _ in range(min(self.chunk, len(buffer))):
+            msg = buffer.popleft()
+            tokens = (msg.reply or "").split(".")
+            if len(tokens) == 9:
+                base = 4
+            elif len(tokens) >= 12:
+                base = 6
+            else:
+                continue  # not a delivery
+            cseq = int(tokens[base + 2])
+            if cseq != self._next_cseq:
+                # a delivery lost on the way: read again after the last one taken
+                logger.warning("replay.read_gap", stream=self.stream, after=self.last_taken)
+                self._broken = True
+                return out
+            self._next_cseq = cseq + 1
+            seq = int(tokens[base + 1])
+            self.last_taken = seq
+            out.append((msg, seq, int(tokens[base]), int(tokens[base + 3])))
+        await self._pull_ahead()
+        return out
+
+    async def _close_consumer(self) -> None:
+        sub, self._sub = self._sub, None
+        name, self.name = self.name, ""
+        if sub is not None and not self._nc.is_closed:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        if name:
+            try:
+                await self._js.delete_consumer(self.stream, name)
+            except Exception as exc:  # it goes by itself once inactive
+                logger.debug("replay.consumer_not_deleted", error=repr(exc))
+
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._close_consumer()
+
+
+class OutputReader:
+    """Reads the OUT stream alongside the fold, keeping every output with a
+    ``Nats-Msg-Id`` (stream sequence, id, subject, payload), until :meth:`until` names
+    the stream's last sequence once the fold is done, or nothing comes for
+    :data:`COMPARE_STALL_S` after that (the rest is then missing)."""
+
+    def __init__(
+        self,
+        nc: Client,
+        js: JetStreamContext,
+        names: StreamNames,
+        *,
+        chunk: int,
+        since: dt.datetime | None,
+    ) -> None:
+        self.head = f"{names.prefix}."
+        self.reader = StreamReader(nc, js, stream=names.out_stream, chunk=chunk, start_time=since)
+        self.found: list[tuple[int, str, str, bytes]] = []
+        self.last: int | None = None
+        self.done = anyio.Event()
+        self._quiet_since = time.monotonic()
+
+    def until(self, out_last: int) -> None:
+        self.last = out_last
+        self._quiet_since = time.monotonic()  # the stall is counted from here on
+        self.reader.wake()
+
+    async def run(self) -> None:
+        reader, found = self.reader, self.found
+        try:
+            while self.last is None or reader.last_taken < self.last:
+                if self.last == 0:
+                    break
+                msgs = await reader.take()
+                if not msgs:
+                    quiet = time.monotonic() - self._quiet_since
+                    if self.last is not None and quiet >= COMPARE_STALL_S:
+                        break  # what is not here yet is slow or lost: reported missing
+                    continue
+                self._quiet_since = time.monotonic()
+                for msg, seq, _, _ in msgs:
+                    headers = msg.headers
+                    msg_id = headers.get(MSG_ID) if headers else None
+                    if msg_id is not None:
+                        found.append((seq, msg_id, msg.subject, msg.data))
+        finally:
+            self.done.set()
+            await reader.close()
+
+
+_FRAME = struct.Struct(">I")
+#: the directory holding the ``reconciler`` package, for the child's ``PYTHONPATH``
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def _frame(value: Any) -> bytes:
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    return _FRAME.pack(len(data)) + data
+
+
+def _read_frame(pipe: BinaryIO) -> Any:
+    """The next frame's value, or ``None`` when the pipe closed."""
+    head = pipe.read(_FRAME.size)
+    if len(head) < _FRAME.size:
+        return None
+    (size,) = _FRAME.unpack(head)
+    data = pipe.read(size)
+    if len(data) < size:
+        return None
+    return pickle.loads(data)
+
+
+class InputReader:
+    """The IN stream from one sequence up to another, in order, as :data:`RawInput`."""
+
+    def __init__(self, nc: Client, js: JetStreamContext, names: StreamNames, *, chunk: int):
+        self._nc, self._js, self._stream, self._chunk = nc, js, names.in_stream, chunk
+        self._reader: StreamReader | None = None
+        self._taken = self._last = 0
+
+    async def start_inputs(self, from_seq: int, last: int) -> None:
+        self._reader = StreamReader(
+            self._nc, self._js, stream=self._stream, chunk=self._chunk, start_seq=from_seq
+        )
+        self._taken, self._last = from_seq - 1, last
+
+    async def take_inputs(self) -> list[RawInput] | None:
+        """The next inputs; ``None`` once the last one was taken."""
+        reader = self._reader
+        assert reader is not None
+        last = self._last
+        while self._taken < last:
+            batch: list[RawInput] = []
+            for msg, seq, delivered, ts in await reader.take():
+                if seq > last:
+                    self._taken = last
+                    break
+                batch.append((msg.subject, msg.data, seq, delivered, ts))
+                self._taken = seq
+            if batch:
+                return batch
+        return None
+
+    async def close_inputs(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            await reader.close()
+
+
+class LocalReaders(InputReader):
+    """Both streams read on the replay's own loop: the IN stream when the fold asks, the
+    OUT stream by :meth:`run` alongside."""
+
+    def __init__(
+        self,
+        nc: Client,
+        js: JetStreamContext,
+        names: StreamNames,
+        *,
+        chunk: int,
+        since: dt.datetime | None,
+    ) -> None:
+        super().__init__(nc, js, names, chunk=chunk)
+        self.outputs = OutputReader(nc, js, names, chunk=chunk, since=since)
+        self.head = self.outputs.head
+        self.done = self.outputs.done
+
+    @property
+    def found(self) -> list[Found]:
+        return self.outputs.found
+
+    @property
+    def last(self) -> int | None:
+        return self.outputs.last
+
+    def until(self, out_last: int) -> None:
+        self.outputs.until(out_last)
+
+    async def run(self) -> None:
+        await self.outputs.run()
+
+
+class ReaderProcess:
+    """Both streams read by a child process (see the module's rules): the IN stream's
+    inputs come through its pipe as plain tuples, and the OUT stream's outputs at the
+    end; the reading and the parsing of every message take another core than the
+    fold's. The same methods as :class:`LocalReaders`."""
+
+    def __init__(
+        self,
+        opts: ConnectOptions,
+        names: StreamNames,
+        *,
+        chunk: int,
+        since: dt.datetime | None,
+    ) -> None:
+        self.head = f"{names.prefix}."
+        name = f"{opts.name}-reader" if opts.name else "reconciler-replay-reader"
+        self._request = (replace(opts, name=name), names.prefix, since, chunk)
+        self.found: list[Found] = []
+        self.last: int | None = None
+        self.done = anyio.Event()
+        self._started = anyio.Event()
+        self._last_known = anyio.Event()
+        self._stdin: ByteSendStream | None = None
+        self._inputs_started = False
+        #: why the child failed, once it has
+        self.failure: str | None = None
+        self._in_send, self._in_receive = anyio.create_memory_object_stream[list[RawInput] | None](
+            _PIPE_FRAMES
+        )
+
+    def until(self, out_last: int) -> None:
+        self.last = out_last
+        self._last_known.set()
+
+    async def _command(self, command: tuple[Any, ...]) -> None:
+        await self._started.wait()
+        assert self._stdin is not None
+        await self._stdin.send(_frame(command))
+
+    async def start_inputs(self, from_seq: int, last: int) -> None:
+        self._inputs_started = True
+        await self._command(("in", from_seq, last))
+
+    async def take_inputs(self) -> list[RawInput] | None:
+        """The next inputs; ``None`` once the last one was taken."""
+        try:
+            return await self._in_receive.receive()
+        except anyio.EndOfStream:
+            await self.done.wait()  # and say why
+            raise ReaderError(self.failure or "the replay's reader process stopped") from None
+
+    async def close_inputs(self) -> None:
+        """No more inputs wanted: those still coming are dropped."""
+        self._in_receive.close()
+
+    async def run(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        try:
+            async with await anyio.open_process(
+                [sys.executable, "-m", __name__], stdin=-1, stdout=-1, stderr=None, env=env
+            ) as proc:
+                assert proc.stdin is not None and proc.stdout is not None
+                self._stdin = proc.stdin
+                await proc.stdin.send(_frame(self._request))
+                self._started.set()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._send_until)
+                    failure = await self._receive(BufferedByteReceiveStream(proc.stdout))
+                    tg.cancel_scope.cancel()
+                await proc.wait()
+            if failure is not None:  # raised here, not inside the task group
+                self.failure = failure
+                raise ReaderError(failure)
+        finally:
+            self._in_send.close()
+            if not self._inputs_started:  # nobody will take them
+                self._in_receive.close()
+            self.done.set()
+
+    async def _send_until(self) -> None:
+        await self._last_known.wait()
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self._command(("until", self.last))  # a child that died says why
+
+    async def _receive(self, stdout: BufferedByteReceiveStream) -> str | None:
+        """Hand the inputs over until the outputs come; why not, if they never do."""
+        while True:
+            try:
+                (size,) = _FRAME.unpack(await stdout.receive_exactly(_FRAME.size))
+                kind, value = pickle.loads(await stdout.receive_exactly(size))
+            except (anyio.IncompleteRead, anyio.EndOfStream):
+                return "the replay's reader process ended without an answer"
+            if kind == "in":
+                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await self._in_send.send(value)
+            elif kind == "out":
+                self.found = value
+                return None
+            else:
+                return f"reading the streams failed: {value}"
+
+
+async def _child_read(request: tuple[Any, ...], stdin: BinaryIO, answers: BinaryIO) -> None:
+    opts, prefix, since, chunk = request
+    nc = await connect(opts)
+    cleanup = contextlib.ExitStack()
+    try:
+        js = nc.jetstream()
+        names = StreamNames.for_prefix(prefix)
+        outputs = OutputReader(nc, js, names, chunk=chunk, since=since)
+        send, receive = anyio.create_memory_object_stream[bytes](_PIPE_FRAMES)
+        cleanup.callback(send.close)
+        cleanup.callback(receive.close)
+
+        async def write() -> None:
+            async with receive:
+                async for frame in receive:
+                    await anyio.to_thread.run_sync(_write, answers, frame)
+
+        async def read_inputs(from_seq: int, last: int) -> None:
+            inputs = InputReader(nc, js, names, chunk=chunk)
+            await inputs.start_inputs(from_seq, last)
+            try:
+                while True:
+                    batch = await inputs.take_inputs()
+                    await send.send(_frame(("in", batch)))
+                    if batch is None:
+                        return
+            finally:
+                await inputs.close_inputs()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(write)
+            tg.start_soon(outputs.run)
+            async with anyio.create_task_group() as reading:
+                while True:
+                    command = await anyio.to_thread.run_sync(
+                        _read_frame, stdin, abandon_on_cancel=True
+                    )
+                    if command is None:  # the replay gave up
+                        tg.cancel_scope.cancel()
+                        return
+                    if command[0] == "in":
+                        reading.start_soon(read_inputs, command[1], command[2])
+                    elif command[0] == "until":
+                        outputs.until(command[1])
+                        await outputs.done.wait()
+                        reading.cancel_scope.cancel()  # inputs nobody takes any more
+                        break
+            await send.send(_frame(("out", outputs.found)))
+            send.close()
+    finally:
+        cleanup.close()
+        with anyio.CancelScope(shield=True):
+            await nc.close()
+
+
+def _write(pipe: BinaryIO, data: bytes) -> None:
+    pipe.write(data)
+    pipe.flush()
+
+
+def _child() -> None:
+    """The child's main: its stdout is the pipe to the replay, nothing else."""
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    # the replay reports; its reader only warns (a lost delivery, a consumer not deleted)
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
+    )
+    stdin = sys.stdin.buffer
+    request = _read_frame(stdin)
+    if request is None:
+        return
+    try:
+        anyio.run(_child_read, request, stdin, answers)
+    except Exception as exc:
+        _write(answers, _frame(("error", repr(exc))))
+    answers.close()
+
+
+if __name__ == "__main__":
+    _child()

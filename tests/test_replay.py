@@ -1,0 +1,183 @@
+"""The replay's own reading and folding (reconciler.replica.replay and replay_reading):
+the streams read by a child process reproduce what the in-process readers do, and a fold
+that failed live on one input (a bug) is replayed the way the live line recovered. All
+over a real nats-server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from nats.aio.client import Client
+
+import reconciler.replica.caches as caches_module
+import reconciler.replica.replay as replay_module
+from reconciler.bus.connection import ConnectOptions
+from reconciler.core.inputs import Message
+from reconciler.core.state import Effects, State
+from reconciler.replica.replay import ReplayError, replay_into
+from reconciler.replica.snapshots import SnapshotBucket, SnapshotPublisher, object_name
+from reconciler.store.digest import state_digest
+from reconciler.store.snapshot import read_snapshot
+from reconciler.store.sqlite import Store
+from tests import builders as b
+from tests.bus import BusClient, fast_config, running_replica
+from tests.test_snapshots import tamper
+from tests.workload import mixed
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def digest_of(db: Path) -> str:
+    async with await Store.open(db) as store:
+        return state_digest(await store.load_state())
+
+
+async def test_the_child_reader_replays_what_the_in_process_one_does(
+    nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    bus = BusClient(nc)
+    await bus.ensure_streams()
+    db = tmp_path / "rc.db"
+    load = mixed(600, seed=11)
+    half = len(load.items) // 2
+    async with running_replica(fast_config(nats_url, db, snapshot_interval_s=0)) as replica:
+        await bus.send_many(load.setup + load.items[:half])
+        await bus.wait_caught_up()
+        assert replica.store is not None
+        bucket = SnapshotBucket(bus.js, "rc")
+        taken = await SnapshotPublisher(store=replica.store, bucket=bucket, interval_s=1).take()
+        assert taken is not None
+        await bus.send_many(load.items[half:])
+        await bus.wait_caught_up()
+    live = await digest_of(db)
+    opts = ConnectOptions.from_url(nats_url, name="test-replay")
+    for from_snapshot in (False, True):
+        local = await replay_into(nc, from_snapshot=from_snapshot, batch=7)
+        child = await replay_into(nc, from_snapshot=from_snapshot, batch=7, connect_opts=opts)
+        for report in (local, child):
+            assert report.divergences == []
+            assert report.digest == live
+            assert report.snapshot_seq == (taken.applied_seq if from_snapshot else 0)
+        assert (child.inputs, child.outputs, child.compared, child.dead_letters) == (
+            local.inputs,
+            local.outputs,
+            local.compared,
+            local.dead_letters,
+        )
+        assert child.compared > 0
+
+
+async def test_a_divergence_is_found_by_the_child_reader(
+    nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    bus = BusClient(nc)
+    await bus.ensure_streams()
+    db = tmp_path / "rc.db"
+    async with running_replica(fast_config(nats_url, db, snapshot_interval_s=0)):
+        await bus.send(
+            b.snapshot("h1", cpu=64, memory_mib=262144, disk_gib=4000),
+            b.pool("web", cpu=1, memory_mib=1024, disk_gib=10, min_ready=0, max_ready=0),
+            *[b.admit(f"a{i}", "web", f"vm-{i}") for i in range(5)],
+        )
+        await bus.wait_caught_up()
+    decision = await bus.decision("a3")
+    # a decision on the bus that the fold never made, under an id it did make
+    await bus.js.publish(
+        "rc.out.decision.admit",
+        b'{"forged": true, "input_seq": 1}',
+        headers={"Nats-Msg-Id": f"decision:{decision['request_id']}:x"},
+    )
+    opts = ConnectOptions.from_url(nats_url)
+    report = await replay_into(nc, connect_opts=opts)
+    assert [d.kind for d in report.divergences] == ["unexpected"]
+    assert report.divergences[0].found == b'{"forged": true, "input_seq": 1}'
+
+
+async def test_a_fold_bug_is_replayed_as_the_live_line_recovered(
+    nc: Client, nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_fold = caches_module.fold
+
+    def buggy_fold(state: State, message: Message, fx: Effects | None = None) -> Effects:
+        if getattr(message.input, "request_id", None) == "a5":
+            state.hosts.clear()  # half-changed, then the bug
+            raise RuntimeError("a bug in the fold")
+        return real_fold(state, message, fx)
+
+    monkeypatch.setattr(caches_module, "fold", buggy_fold)
+    bus = BusClient(nc)
+    db = tmp_path / "rc.db"
+    async with running_replica(fast_config(nats_url, db)):
+        await bus.send(
+            b.snapshot("h1", cpu=64, memory_mib=262144, disk_gib=4000),
+            b.pool("web", cpu=1, memory_mib=1024, disk_gib=10, min_ready=0, max_ready=0),
+            *[b.admit(f"a{i}", "web", f"vm-{i}") for i in range(10)],
+        )
+        await bus.wait_caught_up()
+        await bus.wait_output("rc.out.dlq.domain")
+    live = await digest_of(db)
+    # the fold in memory meets the bug, and the store-backed fold of the caches takes over
+    with_store = replay_module._fold_stream
+    calls = []
+
+    async def fold_stream(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs["db"])
+        return await with_store(*args, **kwargs)
+
+    monkeypatch.setattr(replay_module, "_fold_stream", fold_stream)
+    for opts in (None, ConnectOptions.from_url(nats_url)):
+        report = await replay_into(nc, connect_opts=opts)
+        assert report.divergences == []
+        assert report.dead_letters == 1 and report.inputs == 12
+        assert report.digest == live
+    assert calls == [None, None]
+
+
+async def test_a_refused_snapshot_stops_the_child_reader_too(
+    nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    bus = BusClient(nc)
+    await bus.ensure_streams()
+    db = tmp_path / "rc.db"
+    load = mixed(200, seed=12)
+    async with running_replica(fast_config(nats_url, db, snapshot_interval_s=0)) as replica:
+        await bus.send_many(load.setup + load.items)
+        await bus.wait_caught_up()
+        assert replica.store is not None
+        taken = await SnapshotPublisher(
+            store=replica.store, bucket=SnapshotBucket(bus.js, "rc"), interval_s=1
+        ).take()
+        assert taken is not None
+    async with await Store.open(db) as store:
+        snapshot = await store.call(read_snapshot, "read snapshot")
+    assert snapshot.applied_seq == taken.applied_seq
+    obs = await SnapshotBucket(bus.js, "rc")._open(create=False)
+    assert obs is not None
+    await obs.put(object_name(taken.applied_seq), tamper(snapshot.data))
+    await bus.js.purge_stream("RC_IN", seq=taken.applied_seq + 1)
+    with anyio.fail_after(30), pytest.raises(ReplayError, match="digest"):
+        await replay_into(nc, connect_opts=ConnectOptions.from_url(nats_url))
+    # nothing of the replay's readers is left on the streams
+    for stream in ("RC_IN", "RC_OUT"):
+        names = [c.name async for c in _consumers(bus, stream)]
+        assert not [n for n in names if n.startswith("replay-")]
+
+
+async def _consumers(bus: BusClient, stream: str) -> AsyncIterator[Any]:
+    for info in await bus.js.consumers_info(stream):
+        yield info
+
+
+async def test_a_reader_child_that_cannot_connect_fails_the_replay_with_the_reason(
+    nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    bus = BusClient(nc)
+    await bus.ensure_streams()
+    await bus.send(b.snapshot("h1", cpu=64, memory_mib=262144, disk_gib=4000))
+    unreachable = ConnectOptions.from_url("nats://127.0.0.1:1", initial_timeout_s=1.0)
+    with anyio.fail_after(30), pytest.raises(ReplayError, match="reading the streams failed"):
+        await replay_into(nc, connect_opts=unreachable)
