@@ -24,7 +24,11 @@ Rules:
   rendered as RFC 3339 UTC with nine fractional digits: the same text on every replica
   and in every replay.
 - Acks and terms are plain publishes to the ack subject; they are sent only after the
-  caller committed what the messages caused.
+  caller committed what the messages caused. The consumer acknowledges cumulatively
+  (``AckPolicy.ALL``): since deliveries are folded and committed in stream order, one
+  ``+ACK`` of a committed batch's last delivery acknowledges the whole batch (and any
+  redelivery below it) instead of one publish per input, which the server would also
+  have to process. Dead-lettered inputs are still terminated one by one first (rare).
 - The pull loop is the consumer's own, not nats-py's ``fetch`` (which awaits each message
   through a fresh ``wait_for`` task): pull requests of ``batch`` messages, expiring after
   ``fetch_timeout_s``, whose deliveries a subscription callback buffers;
@@ -116,6 +120,10 @@ def parse_ack_subject(reply: str) -> tuple[int, int, int]:
     return int(tokens[base + 1]), int(tokens[base]), int(tokens[base + 3])
 
 
+def _by_seq(d: Delivery) -> int:
+    return d.stream_seq
+
+
 @lru_cache(maxsize=4096)
 def _second(seconds: int) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
@@ -191,7 +199,7 @@ class InputConsumer:
             name=self.durable,
             deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=from_seq,
-            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_policy=api.AckPolicy.ALL,
             ack_wait=self.ack_wait_s,
             max_deliver=-1,
             max_ack_pending=max(ACK_PENDING_BATCHES * self.batch, 1000),
@@ -377,8 +385,11 @@ class InputConsumer:
         )
 
     async def ack(self, deliveries: list[Delivery]) -> None:
-        """Acknowledge deliveries whose effects are committed."""
-        await self._reply(deliveries, _ACK)
+        """Acknowledge deliveries whose effects are committed, and every delivery below
+        the last of them (the policy is cumulative): the caller commits in stream order,
+        so whatever lies below a committed delivery is committed too."""
+        if deliveries:
+            await self._reply([max(deliveries, key=_by_seq)], _ACK)
 
     async def term(self, deliveries: list[Delivery]) -> None:
         """Terminate deliveries (bad input, dead-lettered): never redelivered."""

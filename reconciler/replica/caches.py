@@ -367,8 +367,9 @@ class Caches:
             self.committed_seq = max(self.committed_seq, folded.applied_seq)
             self.batches += 1
             self.folded += len(folded.good)
-        await self.consumer.ack(folded.good + folded.stale)
+        # terms first: the ack is cumulative and would make a later term a no-op
         await self.consumer.term(folded.bad)
+        await self.consumer.ack(folded.deliveries)
         if folded.batch is None:
             return
         self._poisoned = {seq for seq in self._poisoned if seq > self.committed_seq}
