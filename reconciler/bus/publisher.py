@@ -15,8 +15,10 @@ Rules:
 - The publisher is lean on purpose, and its own rather than nats-py's async publish
   (which creates a ``wait_for`` task and a random token per message, and turns each
   answer into a dataclass): one reply subscription per publisher, replies numbered by a
-  counter, answers parsed with orjson. Publishes with conditional headers (expected
-  sequences) are not made here; the leader bucket uses awaited publishes for those.
+  counter, answers parsed with orjson, and a batch's protocol lines handed to the
+  connection as one command (:mod:`reconciler.bus.wire`). Publishes with conditional
+  headers (expected sequences) are not made here; the leader bucket uses awaited
+  publishes for those.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+
+from reconciler.bus.wire import Wire, supported
 
 __all__ = ["Ack", "OutputPublisher", "PublishError", "Publishable", "Round", "publish_outputs"]
 
@@ -117,6 +121,7 @@ class OutputPublisher:
         self._numbers = itertools.count()
         #: reply token -> (round, index in the round)
         self._pending: dict[str, tuple[Round, int]] = {}
+        self._wire = supported(nc)
 
     async def publish(
         self, outputs: Sequence[Publishable], *, timeout_s: float = 10.0
@@ -158,6 +163,19 @@ class OutputPublisher:
             if self._sub is None:
                 self._inbox = self.nc.new_inbox()
                 self._sub = await self.nc.subscribe(f"{self._inbox}.*", cb=self._on_answer)
+            if self._wire:
+                # the whole round as one pending command and one flush (bus/wire.py)
+                lines = Wire(self.nc)
+                prefix, inbox, pending, tokens = self.prefix, self._inbox, self._pending, []
+                for index, out in enumerate(outputs):
+                    token = str(next(self._numbers))
+                    tokens.append(token)
+                    pending[token] = (round_, index)
+                    subject = f"{prefix}.{out.subject}"
+                    lines.add(subject, out.payload, f"{inbox}.{token}", out.msg_id)
+                round_.tokens = tokens
+                await lines.send(self.nc)
+                return round_
             for index, out in enumerate(outputs):
                 token = str(next(self._numbers))
                 round_.tokens.append(token)
