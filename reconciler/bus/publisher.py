@@ -67,6 +67,25 @@ class Ack:
     duplicate: bool
 
 
+#: how a JetStream PubAck starts (``{"stream":"RC_OUT","seq":7}``)
+_PUB_ACK = b'{"stream":'
+
+
+def _plain_pub_ack(data: bytes) -> bool:
+    return data.startswith(_PUB_ACK) and b'"seq":' in data and b'"error"' not in data
+
+
+def _ack(answer: Ack | bytes) -> Ack:
+    if isinstance(answer, Ack):
+        return answer
+    parsed = orjson.loads(answer)
+    return Ack(
+        stream=str(parsed["stream"]),
+        seq=int(parsed["seq"]),
+        duplicate=bool(parsed.get("duplicate", False)),
+    )
+
+
 class Round:
     """The confirmations one batch of publishes waits for (see :meth:`OutputPublisher.send`)."""
 
@@ -78,7 +97,8 @@ class Round:
         self, count: int, *, deadline: float, on_settled: Callable[[], None] | None = None
     ) -> None:
         self.count = count
-        self.acks: list[Ack | None] = [None] * count
+        #: each answer as read (an :class:`Ack`) or as received (a stream's PubAck JSON)
+        self.acks: list[Ack | bytes | None] = [None] * count
         self.waiting = count
         self.error: str | None = None
         #: ``anyio.current_time()`` by which every confirmation is due
@@ -140,7 +160,7 @@ class OutputPublisher:
             self.forget(round_)
         if problem is not None:
             raise PublishError(problem)
-        return [ack for ack in round_.acks if ack is not None]
+        return [_ack(ack) for ack in round_.acks if ack is not None]
 
     async def send(
         self,
@@ -213,6 +233,9 @@ class OutputPublisher:
         status = msg.headers.get("Status") if msg.headers else None
         if status is not None:  # 503: no stream captures the subject
             round_.error = round_.error or f"no stream answered ({status})"
+        elif _plain_pub_ack(msg.data):
+            # the usual answer: read only by publish(), when it returns the acks
+            round_.acks[index] = msg.data
         else:
             try:
                 answer = orjson.loads(msg.data)
