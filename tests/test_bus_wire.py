@@ -8,7 +8,7 @@ from nats import errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from reconciler.bus.wire import Wire, supported
+from reconciler.bus.wire import LazyFlush, Wire, supported
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -69,3 +69,19 @@ async def test_a_wire_refuses_what_publish_refuses(nc: Client) -> None:
     await nc.close()
     with pytest.raises(errors.ConnectionClosedError):
         await wire.send(nc)
+
+
+async def test_an_unflushed_batch_leaves_with_the_lazy_flush(nc: Client) -> None:
+    lazy = LazyFlush(nc, within_s=0.05)
+
+    async def by_wire() -> None:
+        wire = Wire(nc)
+        wire.add("w.status.host.h1", b"{}", "", None)
+        await wire.send(nc, flush=False)
+        lazy.request()
+        lazy.request()  # one flush for both requests
+
+    started = anyio.current_time()
+    got = await received(nc, "w", 1, by_wire)
+    assert got[0].subject == "w.status.host.h1" and got[0].reply == "" and got[0].data == b"{}"
+    assert anyio.current_time() - started < 2
