@@ -96,6 +96,8 @@ class WriterProcess:
     def __init__(self, proc: asyncio.subprocess.Process, path: Path) -> None:
         self._proc = proc
         self.path = path
+        #: held while a request is sent (requests go out whole, one after the other)
+        self._lock = asyncio.Lock()
         #: the replies still owed, in the order their requests were sent (see :meth:`_call`)
         self._waiting: collections.deque[asyncio.Future[tuple[Any, ...]]] = collections.deque()
         self._idle = asyncio.Event()
@@ -152,12 +154,13 @@ class WriterProcess:
         # request itself is harmless to complete: a commit is one transaction, and a
         # mark only moves a position forward. (No task per request: a commit costs two
         # turns of the event loop fewer.)
-        if self._broken is not None:
-            raise StoreError(f"store {self.path}: {what}: {self._broken}")
-        reply = asyncio.get_running_loop().create_future()
-        self._send(request)
-        self._waiting.append(reply)
-        self._idle.clear()
+        async with self._lock:  # uncontended, it takes no turn of the loop
+            if self._broken is not None:
+                raise StoreError(f"store {self.path}: {what}: {self._broken}")
+            reply = asyncio.get_running_loop().create_future()
+            self._send(request)
+            self._waiting.append(reply)
+            self._idle.clear()
         answer = await reply
         if answer[0] == "error":
             raise StoreError(f"store {self.path}: {what} failed: {answer[1]}")
