@@ -24,7 +24,11 @@ Rules:
   rendered as RFC 3339 UTC with nine fractional digits: the same text on every replica
   and in every replay.
 - Acks and terms are plain publishes to the ack subject; they are sent only after the
-  caller committed what the messages caused.
+  caller committed what the messages caused. The consumer acknowledges cumulatively
+  (``AckPolicy.ALL``): since deliveries are folded and committed in stream order, one
+  ``+ACK`` of a committed batch's last delivery acknowledges the whole batch (and any
+  redelivery below it) instead of one publish per input, which the server would also
+  have to process. Dead-lettered inputs are still terminated one by one first (rare).
 - The pull loop is the consumer's own, not nats-py's ``fetch`` (which awaits each message
   through a fresh ``wait_for`` task): pull requests of ``batch`` messages, expiring after
   ``fetch_timeout_s``, whose deliveries a subscription callback buffers;
@@ -33,10 +37,14 @@ Rules:
   already on their way while the caller folds a batch, never a round trip behind. A
   status reply (404, 408, 409) ends its request; the server says how many messages the
   request still owed (``Nats-Pending-Messages``), or, without that header, all are
-  taken as ended. A 409 (the durable deleted, leadership moved, a server limit) also
-  restarts the consumer at the next fetch, rather than after the watchdog's wait. The
-  consumer's ``max_ack_pending`` leaves room for what the caller holds unacknowledged
-  (two batches folding, two committing) besides the lookahead.
+  taken as ended. A request that outlives its expiry by :data:`REQUEST_GRACE_S` without
+  an answer is taken as ended too (nats-server 2.9 drops a request that expires just as
+  a message comes in without its 408, which used to stall the line until the watchdog
+  restarted the consumer, six seconds later). A 409 (the durable deleted, leadership
+  moved, a server limit) also restarts the consumer at the next fetch, rather than after
+  the watchdog's wait. The consumer's ``max_ack_pending`` leaves room for what the
+  caller holds unacknowledged (two batches folding, two committing) besides the
+  lookahead.
 """
 
 from __future__ import annotations
@@ -76,6 +84,9 @@ _TERM = b"+TERM"
 _REQUEST_OVER = frozenset({"404", "408", "409"})
 #: batches asked for ahead of the caller: buffered plus still owed by pull requests
 LOOKAHEAD = 2
+#: a pull request is taken as over this long after its expiry even if the server said
+#: nothing (see InputConsumer._forget_expired)
+REQUEST_GRACE_S = 0.2
 #: unacknowledged deliveries the server allows, in batches (lookahead plus what the caller
 #: holds: a batch in hand grown by merging, and the one being committed)
 ACK_PENDING_BATCHES = 8
@@ -114,6 +125,10 @@ def parse_ack_subject(reply: str) -> tuple[int, int, int]:
     else:
         raise ValueError(f"not a JetStream ack subject: {reply!r}")
     return int(tokens[base + 1]), int(tokens[base]), int(tokens[base + 3])
+
+
+def _by_seq(d: Delivery) -> int:
+    return d.stream_seq
 
 
 @lru_cache(maxsize=4096)
@@ -156,6 +171,9 @@ class InputConsumer:
         #: messages delivered and not yet handed out, and how many pull requests still owe
         self._buffer: deque[Msg] = deque()
         self._owed = 0
+        #: when each pull request still thought open is over for sure (its expiry, plus
+        #: REQUEST_GRACE_S), oldest first
+        self._open: deque[float] = deque()
         self._arrived = anyio.Event()
         #: called whenever a delivery is buffered (the caches wake their reader with it)
         self.on_arrival: Callable[[], None] | None = None
@@ -191,7 +209,7 @@ class InputConsumer:
             name=self.durable,
             deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=from_seq,
-            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_policy=api.AckPolicy.ALL,
             ack_wait=self.ack_wait_s,
             max_deliver=-1,
             max_ack_pending=max(ACK_PENDING_BATCHES * self.batch, 1000),
@@ -209,6 +227,7 @@ class InputConsumer:
         )
         self._buffer.clear()
         self._owed = 0
+        self._open.clear()
         self._inbox = self._nc.new_inbox()
         self._sub = await self._nc.subscribe(
             self._inbox, cb=self._on_message, pending_msgs_limit=max(8 * self.batch, 4096)
@@ -284,20 +303,40 @@ class InputConsumer:
 
     async def _pull_ahead(self) -> None:
         """Ask for more until :data:`LOOKAHEAD` batches are buffered or owed."""
+        self._forget_expired()
         while len(self._buffer) + self._owed < LOOKAHEAD * self.batch:
             request = {"batch": self.batch, "expires": int(self.fetch_timeout_s * 1e9)}
             self._owed += self.batch
+            self._open.append(anyio.current_time() + self.fetch_timeout_s + REQUEST_GRACE_S)
             await self._nc.publish(self._pull, orjson.dumps(request), reply=self._inbox)
+
+    def _forget_expired(self) -> None:
+        """Requests past their expiry owe nothing more, whether or not the server said so
+        (nats-server 2.9 drops a request that expires just as a message comes in without
+        its 408): the messages still owed are at most what the open ones asked for."""
+        now = anyio.current_time()
+        if self._open and self._open[0] <= now:
+            while self._open and self._open[0] <= now:
+                self._open.popleft()
+            self._owed = min(self._owed, len(self._open) * self.batch)
 
     async def _await_messages(self) -> None:
         """Wait until messages are buffered, or a pull request ended (expired), or the
-        watchdog gave up on requests the server seems to have lost."""
+        watchdog gave up on requests the server seems to have lost. A request that
+        outlives its expiry without a word is taken as over, and more are asked for."""
         await self._pull_ahead()
         self._arrived = anyio.Event()
-        with anyio.move_on_after(self.fetch_timeout_s + self.watchdog_grace_s) as watchdog:
-            await self._arrived.wait()
-        if watchdog.cancelled_caught:
-            self._broken = "fetch stalled"
+        give_up = anyio.current_time() + self.fetch_timeout_s + self.watchdog_grace_s
+        while True:
+            until = min(self._open[0], give_up) if self._open else give_up
+            with anyio.move_on_after(max(0.0, until - anyio.current_time())):
+                await self._arrived.wait()
+            if self._arrived.is_set():
+                return
+            if anyio.current_time() >= give_up:
+                self._broken = "fetch stalled"
+                return
+            await self._pull_ahead()
 
     async def _on_message(self, msg: Msg) -> None:
         """The deliver subject's callback: buffer messages; a status ends the request."""
@@ -316,7 +355,13 @@ class InputConsumer:
                 self._log.warning("consumer.pull_refused", status=status, description=description)
                 self._broken = self._broken or f"pull request refused: {description}"
             left = headers.get("Nats-Pending-Messages")
-            self._owed = max(0, self._owed - int(left)) if left and left.isdigit() else 0
+            if left and left.isdigit():
+                self._owed = max(0, self._owed - int(left))
+                if self._open:
+                    self._open.popleft()  # requests expire in the order they were made
+            else:
+                self._owed = 0
+                self._open.clear()
         self._arrived.set()
 
     async def _restart(self, why: str) -> bool:
@@ -377,8 +422,11 @@ class InputConsumer:
         )
 
     async def ack(self, deliveries: list[Delivery]) -> None:
-        """Acknowledge deliveries whose effects are committed."""
-        await self._reply(deliveries, _ACK)
+        """Acknowledge deliveries whose effects are committed, and every delivery below
+        the last of them (the policy is cumulative): the caller commits in stream order,
+        so whatever lies below a committed delivery is committed too."""
+        if deliveries:
+            await self._reply([max(deliveries, key=_by_seq)], _ACK)
 
     async def term(self, deliveries: list[Delivery]) -> None:
         """Terminate deliveries (bad input, dead-lettered): never redelivered."""

@@ -15,8 +15,10 @@ Rules:
 - The publisher is lean on purpose, and its own rather than nats-py's async publish
   (which creates a ``wait_for`` task and a random token per message, and turns each
   answer into a dataclass): one reply subscription per publisher, replies numbered by a
-  counter, answers parsed with orjson. Publishes with conditional headers (expected
-  sequences) are not made here; the leader bucket uses awaited publishes for those.
+  counter, answers parsed with orjson, and a batch's protocol lines handed to the
+  connection as one command (:mod:`reconciler.bus.wire`). Publishes with conditional
+  headers (expected sequences) are not made here; the leader bucket uses awaited
+  publishes for those.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+
+from reconciler.bus.wire import Wire, supported
 
 __all__ = ["Ack", "OutputPublisher", "PublishError", "Publishable", "Round", "publish_outputs"]
 
@@ -63,6 +67,25 @@ class Ack:
     duplicate: bool
 
 
+#: how a JetStream PubAck starts (``{"stream":"RC_OUT","seq":7}``)
+_PUB_ACK = b'{"stream":'
+
+
+def _plain_pub_ack(data: bytes) -> bool:
+    return data.startswith(_PUB_ACK) and b'"seq":' in data and b'"error"' not in data
+
+
+def _ack(answer: Ack | bytes) -> Ack:
+    if isinstance(answer, Ack):
+        return answer
+    parsed = orjson.loads(answer)
+    return Ack(
+        stream=str(parsed["stream"]),
+        seq=int(parsed["seq"]),
+        duplicate=bool(parsed.get("duplicate", False)),
+    )
+
+
 class Round:
     """The confirmations one batch of publishes waits for (see :meth:`OutputPublisher.send`)."""
 
@@ -74,7 +97,8 @@ class Round:
         self, count: int, *, deadline: float, on_settled: Callable[[], None] | None = None
     ) -> None:
         self.count = count
-        self.acks: list[Ack | None] = [None] * count
+        #: each answer as read (an :class:`Ack`) or as received (a stream's PubAck JSON)
+        self.acks: list[Ack | bytes | None] = [None] * count
         self.waiting = count
         self.error: str | None = None
         #: ``anyio.current_time()`` by which every confirmation is due
@@ -117,6 +141,7 @@ class OutputPublisher:
         self._numbers = itertools.count()
         #: reply token -> (round, index in the round)
         self._pending: dict[str, tuple[Round, int]] = {}
+        self._wire = supported(nc)
 
     async def publish(
         self, outputs: Sequence[Publishable], *, timeout_s: float = 10.0
@@ -135,7 +160,7 @@ class OutputPublisher:
             self.forget(round_)
         if problem is not None:
             raise PublishError(problem)
-        return [ack for ack in round_.acks if ack is not None]
+        return [_ack(ack) for ack in round_.acks if ack is not None]
 
     async def send(
         self,
@@ -158,6 +183,19 @@ class OutputPublisher:
             if self._sub is None:
                 self._inbox = self.nc.new_inbox()
                 self._sub = await self.nc.subscribe(f"{self._inbox}.*", cb=self._on_answer)
+            if self._wire:
+                # the whole round as one pending command and one flush (bus/wire.py)
+                lines = Wire(self.nc)
+                prefix, inbox, pending, tokens = self.prefix, self._inbox, self._pending, []
+                for index, out in enumerate(outputs):
+                    token = str(next(self._numbers))
+                    tokens.append(token)
+                    pending[token] = (round_, index)
+                    subject = f"{prefix}.{out.subject}"
+                    lines.add(subject, out.payload, f"{inbox}.{token}", out.msg_id)
+                round_.tokens = tokens
+                await lines.send(self.nc)
+                return round_
             for index, out in enumerate(outputs):
                 token = str(next(self._numbers))
                 round_.tokens.append(token)
@@ -195,6 +233,9 @@ class OutputPublisher:
         status = msg.headers.get("Status") if msg.headers else None
         if status is not None:  # 503: no stream captures the subject
             round_.error = round_.error or f"no stream answered ({status})"
+        elif _plain_pub_ack(msg.data):
+            # the usual answer: read only by publish(), when it returns the acks
+            round_.acks[index] = msg.data
         else:
             try:
                 answer = orjson.loads(msg.data)

@@ -367,10 +367,18 @@ class Caches:
             self.committed_seq = max(self.committed_seq, folded.applied_seq)
             self.batches += 1
             self.folded += len(folded.good)
-        await self.consumer.ack(folded.good + folded.stale)
+            self._announce(folded)
+        # After the announcement, which wakes the outbox publisher: the ack then waits in
+        # the connection's buffer for the publisher's outputs, and both go out in one
+        # socket write. Terms first: the ack is cumulative and would make a later term a
+        # no-op.
         await self.consumer.term(folded.bad)
-        if folded.batch is None:
-            return
+        await self.consumer.ack(folded.deliveries)
+        if folded.batch is not None:
+            self._check_synced()
+
+    def _announce(self, folded: FoldedBatch) -> None:
+        """Tell the commit listeners (and the log) what a committed batch did."""
         self._poisoned = {seq for seq in self._poisoned if seq > self.committed_seq}
         self._count(folded)
         if self.explain:
@@ -383,7 +391,6 @@ class Caches:
         )
         for listener in tuple(self._listeners):
             listener(commit)
-        self._check_synced()
 
     def _check_synced(self) -> None:
         if not self.synced.is_set() and self.committed_seq >= self.head_at_start:

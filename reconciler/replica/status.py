@@ -16,7 +16,12 @@ Rules:
   their change. The host keys come from the state's sorted host list (no sort per round).
 - Payloads come from :mod:`reconciler.core.status` over the committed state; a key the
   state no longer knows publishes nothing. Status is informational and has no
-  ``Nats-Msg-Id``: it is a plain publish, captured by the OUT stream.
+  ``Nats-Msg-Id``: it is a plain publish, captured by the OUT stream. It is not flushed
+  on its own: it waits in the connection's buffer (at most :data:`LAZY_FLUSH_S`) and
+  leaves with the next decisions and acks, in one socket write. With 10,000 hosts at a
+  thousand commands a second almost every command changes a host of its own, so there
+  are about as many statuses as decisions, and a write (and a wake-up of nats-server)
+  each cost more than the rest of the status.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import orjson
 import structlog
 from nats.aio.client import Client
 
+from reconciler.bus.wire import LazyFlush, Wire, supported
 from reconciler.core.model import HostName, PoolName
 from reconciler.core.status import host_status, pool_status
 from reconciler.replica.caches import Caches, Commit
@@ -42,6 +48,9 @@ StatusKey = tuple[Literal["host", "pool"], str]
 
 #: at most this many unchanged hosts and pools a second are published by a progress round
 PROGRESS_RATE = 200.0
+#: a status waits at most this long in the connection's buffer for other messages to
+#: leave with (:class:`~reconciler.bus.wire.LazyFlush`)
+LAZY_FLUSH_S = 0.02
 
 
 class StatusReporter:
@@ -71,6 +80,7 @@ class StatusReporter:
         self._fresh: dict[StatusKey, float] = {}
         #: keys queued by a resync round (not by a change)
         self._resynced: set[StatusKey] = set()
+        self._lazy = LazyFlush(nc, within_s=LAZY_FLUSH_S) if supported(nc) else None
 
     def notify(self, commit: Commit) -> None:
         """Commit listener: debounce a status for every host and pool the batch touched."""
@@ -119,6 +129,13 @@ class StatusReporter:
             payload = pool_status(state, PoolName(name), as_of_seq=as_of)
         if payload is None:
             return
-        await self.nc.publish(f"{self.prefix}.out.status.{kind}.{name}", orjson.dumps(payload))
+        subject = f"{self.prefix}.out.status.{kind}.{name}"
+        if self._lazy is None:
+            await self.nc.publish(subject, orjson.dumps(payload))
+        else:  # with the next decisions' socket write, or within LAZY_FLUSH_S
+            wire = Wire(self.nc)
+            wire.add(subject, orjson.dumps(payload), "", None)
+            await wire.send(self.nc, flush=False)
+            self._lazy.request()
         self._fresh[key] = self._clock()
         self.published += 1
