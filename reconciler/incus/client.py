@@ -56,6 +56,7 @@ from reconciler.incus.errors import (
 )
 from reconciler.incus.events import LifecycleStream, open_lifecycle_stream
 from reconciler.incus.units import GIB
+from reconciler.incus.unix_http import UNIX_SCHEME, unix_session
 from reconciler.incus.views import (
     KNOWN_GPU_MEMORY_MIB,
     HostResources,
@@ -408,11 +409,14 @@ class IncusHost:
     def _connected(self) -> Client:
         with self._client_lock:
             if self._client is None:
+                url = self.endpoint.url
                 self._client = Client(
-                    endpoint=self.endpoint.url,
+                    endpoint=url,
                     cert=self.endpoint.cert,
                     verify=self.endpoint.verify,
                     timeout=self.request_timeout_s,
+                    # pylxd's own unix connection leaks a socket per failed connect
+                    session=unix_session() if url.startswith(UNIX_SCHEME) else None,
                 )
             return self._client
 
