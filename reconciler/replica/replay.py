@@ -371,16 +371,7 @@ async def _fold_in_memory(
     decoding, dead letters, the fold), without the store nobody reads afterwards.
     Raises :class:`FoldFailed` where the fold fails (the caller folds again with a store,
     as the live line did)."""
-    state = State(decision_retention_s=retention)
-    if snapshot is not None:
-        state = snapshot.state
-        state.decision_retention_s = retention  # configuration: the replicas' value
-        logger.info(
-            "replay.from_snapshot",
-            applied_seq=state.applied_seq,
-            digest=snapshot.digest,
-            leases=len(state.leases),
-        )
+    state = _start_state(snapshot, retention)
     decoder = Decoder()
     prefix = names.prefix
     inputs = dead = 0
@@ -421,17 +412,9 @@ async def _fold_stream(
         nc, js, stream=names.in_stream, durable=f"replay-{secrets.token_hex(6)}", batch=batch
     )
     async with await Store.open(db if db is not None else ":memory:") as store:
-        start = State(decision_retention_s=retention)
         if snapshot is not None:
             await store.write(restore_batch(snapshot))
-            start = snapshot.state
-            start.decision_retention_s = retention  # configuration: the replicas' value
-            logger.info(
-                "replay.from_snapshot",
-                applied_seq=start.applied_seq,
-                digest=snapshot.digest,
-                leases=len(start.leases),
-            )
+        start = _start_state(snapshot, retention)
         caches = Caches(
             store=store,
             state=start,
@@ -535,3 +518,19 @@ def _input_seq(payload: bytes) -> int:
         return 0
     seq = body.get("input_seq", body.get("stream_seq", 0))
     return seq if isinstance(seq, int) else 0
+
+
+def _start_state(snapshot: DecodedSnapshot | None, retention: int | None) -> State:
+    """Where a fold of the tail starts: the snapshot's state (with the replicas'
+    retention, which is configuration) or an empty one."""
+    if snapshot is None:
+        return State(decision_retention_s=retention)
+    state = snapshot.state
+    state.decision_retention_s = retention
+    logger.info(
+        "replay.from_snapshot",
+        applied_seq=state.applied_seq,
+        digest=snapshot.digest,
+        leases=len(state.leases),
+    )
+    return state
