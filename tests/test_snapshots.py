@@ -293,3 +293,24 @@ async def test_a_snapshot_of_another_stream_is_never_used(
     # the same snapshot, named for this stream, is used
     await current.put(snapshot)
     assert await current.positions() == [snapshot.applied_seq]
+
+
+async def test_snapshot_objects_are_read_in_chunks_and_checked(nc: Client) -> None:
+    """The bucket reads an object of many chunks whole, and refuses one whose bytes do
+    not match its size and SHA-256 (a chunk added behind the object store's back)."""
+    bus = BusClient(nc)
+    bucket = SnapshotBucket(bus.js, "rc")
+    await bucket.ensure()
+    obs = await bus.js.object_store("rc_snapshots")
+    blob = bytes(range(256)) * 4096 + b"tail"  # 1 MiB and 4 bytes: 9 chunks of 128 KiB
+    await obs.put("state-0000000000000007", blob)
+    store = await bucket._open(create=False)
+    assert store is not None
+    assert await bucket._read(store, "state-0000000000000007") == blob
+    assert await bucket._read(store, "state-0000000000000007") == blob  # and again
+    info = await obs.get_info("state-0000000000000007")
+    await bus.js.publish(f"$O.rc_snapshots.C.{info.nuid}", b"extra")
+    with pytest.raises(SnapshotError, match="damaged"):
+        await bucket._read(store, "state-0000000000000007")
+    with pytest.raises(SnapshotError, match="no object"):
+        await bucket._read(store, "state-0000000000000008")

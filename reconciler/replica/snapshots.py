@@ -25,7 +25,9 @@ Rules (issue 15, "Snapshots"; the format is :mod:`reconciler.store.snapshot`):
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import io
 import re
 import tempfile
@@ -33,6 +35,7 @@ from typing import BinaryIO
 
 import anyio
 import structlog
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.api import StreamInfo
 from nats.js.errors import NotFoundError
@@ -63,6 +66,8 @@ __all__ = [
 logger = structlog.get_logger(__name__)
 
 _NAME = re.compile(r"state-(\d{16})")
+#: how long reading a snapshot's chunks may go without one arriving
+READ_STALL_S = 30.0
 
 
 def bucket_name(prefix: str) -> str:
@@ -161,14 +166,68 @@ class SnapshotBucket:
         store = await self._open(create=False)
         if store is None:
             raise SnapshotError(f"no bucket {self.name}")
-        sink = io.BytesIO()
-        await store.get(object_name(applied_seq), writeinto=sink)
-        decoded = decode_snapshot(sink.getvalue())
+        decoded = decode_snapshot(await self._read(store, object_name(applied_seq)))
         if decoded.state.applied_seq != applied_seq:
             raise SnapshotError(
                 f"snapshot {object_name(applied_seq)} says it is at seq {decoded.state.applied_seq}"
             )
         return decoded
+
+    async def _read(self, store: ObjectStore, name: str) -> bytes:
+        """The bytes of object ``name``, checked against its size and SHA-256.
+
+        nats-py's ``ObjectStore.get`` takes each chunk through an async iterator (and,
+        with ``writeinto``, a worker thread): about 0.8 s for an 18 MB snapshot on this
+        project's bench machine, where the chunks arrive in 0.05 s. Its chunks are read
+        here by a callback on the same kind of ordered consumer (the permissions a
+        replica holds for ``get`` are the ones this needs).
+        """
+        try:
+            info = await store.get_info(name)
+        except NotFoundError as exc:
+            raise SnapshotError(f"no object {name} in {self.name}") from exc
+        if info.nuid is None or info.size is None or info.digest is None or info.is_link():
+            raise SnapshotError(f"object {name} in {self.name} is not a snapshot")
+        if info.size == 0:
+            return b""
+        sink = io.BytesIO()
+        digest = hashlib.sha256()
+        done = anyio.Event()
+
+        async def take(msg: Msg) -> None:
+            sink.write(msg.data)
+            digest.update(msg.data)
+            if msg.metadata.num_pending == 0:
+                done.set()
+
+        subscription = await self.js.subscribe(
+            f"$O.{self.name}.C.{info.nuid}",
+            stream=f"OBJ_{self.name}",
+            ordered_consumer=True,
+            cb=take,
+        )
+        try:
+            while not done.is_set():
+                before = sink.tell()
+                with anyio.move_on_after(READ_STALL_S):
+                    await done.wait()
+                if not done.is_set() and sink.tell() == before:
+                    raise SnapshotError(
+                        f"reading {name} from {self.name} stalled at {before} of "
+                        f"{info.size} bytes for {READ_STALL_S:.0f} s"
+                    )
+        finally:
+            with anyio.CancelScope(shield=True):
+                await subscription.unsubscribe()
+        data = sink.getvalue()
+        expected = info.digest.split("=", 1)[-1]
+        found = base64.urlsafe_b64encode(digest.digest()).decode()
+        if len(data) != info.size or found.rstrip("=") != expected.rstrip("="):
+            raise SnapshotError(
+                f"object {name} in {self.name} is damaged: {len(data)} bytes of SHA-256 "
+                f"{found}, its meta says {info.size} bytes of {info.digest}"
+            )
+        return data
 
     async def put(self, snapshot: Snapshot, rows: BinaryIO | None = None) -> None:
         """Put ``snapshot``: its ``data``, or its header and then ``rows`` (a file)."""

@@ -37,9 +37,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import gc
 import hashlib
 import io
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -236,6 +239,26 @@ def snapshot_of_file(path: Path, sink: BinaryIO) -> Snapshot:
 def decode_snapshot(data: bytes) -> DecodedSnapshot:
     """The state ``data`` describes, verified; :class:`SnapshotError` when it cannot be
     trusted (malformed, of another format, or a digest that does not match)."""
+    with _collector_paused():
+        return _decode(data)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The garbage collector off while a snapshot is decoded: every row leaves about ten
+    new objects alive, so the young generation's collections would scan the growing
+    state again and again (a quarter of the decode of 50,000 rows). The rows form no
+    reference cycles, so nothing the collector would have freed is kept."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _decode(data: bytes) -> DecodedSnapshot:
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
@@ -284,27 +307,35 @@ def _take(
     classes: dict[str, tuple[str, type[Any]]],
     row: Any,
 ) -> None:
-    if not isinstance(row, list) or not row or not isinstance(row[0], str):
+    if type(row) is not list or not row:
         raise ValueError("not a snapshot row")
     table = row[0]
-    if table in classes:
+    if table == "decisions":  # most rows: checked inline, types exactly as written
+        _, request_id, verb, phase, lease_id, payload, final_at = row
+        if final_at is not None and type(final_at) is not int:
+            raise ValueError("decision final_at is not an integer")
+        if not (
+            type(request_id) is str
+            and type(verb) is str
+            and type(phase) is str
+            and type(payload) is str
+            and (lease_id is None or type(lease_id) is str)
+        ):
+            raise TypeError(f"decision {str(request_id)[:80]!r}: a field is not a string")
+        rid = RequestId(request_id)
+        state.decisions[rid] = DecisionRecord(
+            rid,
+            verb,
+            phase,
+            payload.encode(),
+            None if lease_id is None else LeaseId(lease_id),
+            final_at,
+        )
+    elif table in classes:
         _, key, obj = row
         attr, cls = classes[table]
         target: dict[Any, Any] = getattr(state, attr)
         target[_text(key)] = from_builtins(cls, obj)
-    elif table == "decisions":
-        _, request_id, verb, phase, lease_id, payload, final_at = row
-        if final_at is not None and not isinstance(final_at, int):
-            raise ValueError("decision final_at is not an integer")
-        record = DecisionRecord(
-            request_id=RequestId(_text(request_id)),
-            verb=_text(verb),
-            phase=_text(phase),
-            payload=_text(payload).encode(),
-            lease_id=LeaseId(_text(lease_id)) if lease_id is not None else None,
-            final_at=final_at,
-        )
-        state.decisions[record.request_id] = record
     elif table == "released_at":
         _, lease_id, at = row
         if not isinstance(at, int):
