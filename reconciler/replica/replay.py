@@ -168,6 +168,8 @@ async def replay_into(
     clock = time.perf_counter()
     chunk = max(batch, READ_CHUNK)
     outputs: LocalReaders | ReaderProcess | None = None
+    #: where the readers' inputs were started, if before the fold (``None``: by it)
+    inputs_from: int | None = None
     collector = _FoldCollector()
     try:
         async with anyio.create_task_group() as tg:
@@ -185,6 +187,12 @@ async def replay_into(
                             since = await _tail_start(js, names, usable[0], last)
                             outputs = _readers(nc, js, names, connect_opts, chunk, since)
                             tg.start_soon(outputs.run)
+                            if db is None:
+                                # and the tail's inputs too: those at or below the
+                                # snapshot taken (a newer one, if this is refused) are
+                                # skipped by the fold as already applied
+                                await outputs.start_inputs(usable[0] + 1, last)
+                                inputs_from = usable[0] + 1
                         snapshot = await snapshot_for_replay(
                             bucket, stream_first=first, stream_last=last
                         )
@@ -219,6 +227,7 @@ async def replay_into(
                             produced=produced,
                             retention=decision_retention_s,
                             snapshot=snapshot,
+                            inputs_from=inputs_from,
                         )
                     except FoldFailed as failure:
                         # a bug in the fold: the live line reloaded its state from the store
@@ -274,6 +283,9 @@ async def replay_into(
         raise
     finally:
         collector.restore()
+        if outputs is not None:  # inputs started before a snapshot that was refused
+            with anyio.CancelScope(shield=True):
+                await outputs.close_inputs()
     assert outputs is not None
     _compare(outputs, produced=produced, report=report, before=before)
     seconds["compare"] = time.perf_counter() - clock
@@ -299,7 +311,11 @@ class _FoldCollector:
     generation of :data:`FOLD_GC_THRESHOLD`, and :meth:`freeze` once the snapshot is
     decoded, which moves its objects (no cycles: refcounting frees what the fold
     replaces) out of every later collection. :meth:`restore` undoes both; nothing is
-    frozen if the caller froze objects itself."""
+    frozen if the caller froze objects itself.
+
+    Freezing takes no time (the generations' lists are spliced into the permanent one);
+    no collection runs first (it took 0.2 s after a snapshot of 50,000 rows): whatever
+    cyclic garbage is frozen with the snapshot is collected after :meth:`restore`."""
 
     def __init__(self) -> None:
         self._thresholds = gc.get_threshold()
@@ -309,7 +325,6 @@ class _FoldCollector:
 
     def freeze(self) -> None:
         if gc.get_freeze_count() == 0:
-            gc.collect()  # nothing dead is frozen
             gc.freeze()
             self._frozen = True
 
@@ -366,19 +381,24 @@ async def _fold_in_memory(
     produced: dict[str, tuple[str, bytes]],
     retention: int | None = DEFAULT_DECISION_RETENTION_S,
     snapshot: DecodedSnapshot | None = None,
+    inputs_from: int | None = None,
 ) -> tuple[State, int, int]:
     """The fold of the caches (:func:`~reconciler.replica.caches.fold_deliveries`:
     decoding, dead letters, the fold), without the store nobody reads afterwards.
-    Raises :class:`FoldFailed` where the fold fails (the caller folds again with a store,
-    as the live line did)."""
+    ``inputs_from``: the readers' inputs were started there already (at or before the
+    state's position). Raises :class:`FoldFailed` where the fold fails (the caller folds
+    again with a store, as the live line did)."""
     state = _start_state(snapshot, retention)
     decoder = Decoder()
     prefix = names.prefix
     inputs = dead = 0
-    if state.applied_seq >= last:
-        return state, 0, 0
     try:
-        await readers.start_inputs(state.applied_seq + 1, last)
+        if state.applied_seq >= last:
+            return state, 0, 0
+        if inputs_from is None:
+            await readers.start_inputs(state.applied_seq + 1, last)
+        else:
+            assert inputs_from <= state.applied_seq + 1, "inputs started after the state"
         while (batch := await readers.take_inputs()) is not None:
             deliveries = [
                 Delivery(subject, data, seq, rfc3339_nanos(ts), delivered, "")

@@ -82,6 +82,9 @@ Found = tuple[int, str, str, bytes]
 RawInput = tuple[str, bytes, int, int, int]
 #: frames of inputs on their way between the child's reader and the fold
 _PIPE_FRAMES = 4
+#: frames of inputs the child reads ahead of the fold: while the replay fetches and
+#: decodes the snapshot, the tail's first inputs are read (16 chunks: ~16,000 inputs)
+_CHILD_READ_AHEAD = 16
 
 #: messages per pull request of the replay's readers (at least; ``batch`` if larger)
 READ_CHUNK = 1000
@@ -508,7 +511,7 @@ async def _child_read(request: tuple[Any, ...], stdin: BinaryIO, answers: Binary
         js = nc.jetstream()
         names = StreamNames.for_prefix(prefix)
         outputs = OutputReader(nc, js, names, chunk=chunk, since=since)
-        send, receive = anyio.create_memory_object_stream[bytes](_PIPE_FRAMES)
+        send, receive = anyio.create_memory_object_stream[bytes](_CHILD_READ_AHEAD)
         cleanup.callback(send.close)
         cleanup.callback(receive.close)
 
