@@ -22,7 +22,6 @@ Rules (docs/architecture.md, "The exactly-once path"):
 
 from __future__ import annotations
 
-import gc
 import re
 import socket
 from dataclasses import dataclass, field, replace
@@ -50,6 +49,7 @@ from reconciler.bus.violations import PermissionViolation
 from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
 from reconciler.incus.endpoints import IncusEndpoint
 from reconciler.replica.caches import Caches
+from reconciler.replica.collector import FULL_EVERY_S, StateCollector
 from reconciler.replica.leader import LeaderElection, Leadership
 from reconciler.replica.outbox import OutboxPublisher
 from reconciler.replica.queries import QueryResponder
@@ -123,7 +123,11 @@ class RunConfig:
     #: permanent generation (``gc.freeze``): full collections then never scan the loaded
     #: state again (100,000 leases: ~100 ms a full collection otherwise). A process
     #: policy: ``reconciler run`` sets it; a process with several replicas (tests) not.
+    #: What the state gains is frozen after commits too, and once every
+    #: ``gc_full_every_s`` (0: never) everything is thawed and collected in full
+    #: (:mod:`reconciler.replica.collector`).
     freeze_loaded_state: bool = False
+    gc_full_every_s: float = FULL_EVERY_S
     #: the Incus hosts the leader may ask about suspect leases (live GETs)
     incus: tuple[IncusEndpoint, ...] = ()
     #: the leader snapshots the state this often (0: never); a replica with an empty
@@ -161,6 +165,7 @@ class Replica:
         self.js: JetStreamContext | None = None
         self.store: Store | None = None
         self.caches: Caches | None = None
+        self.collector: StateCollector | None = None
         self.election: LeaderElection | None = None
         self.queries: QueryResponder | None = None
         self.metrics: MetricsServer | None = None  # aiohttp, loaded only when asked for
@@ -228,13 +233,12 @@ class Replica:
         if state.applied_seq == 0 and await self._start_from_snapshot(js, store, info) is not None:
             # loaded back as any store is, with this replica's retention
             state = await store.load_state(decision_retention_s=cfg.decision_retention_s)
+        collector: StateCollector | None = None
         if cfg.freeze_loaded_state:
-            # the loaded state's objects form no cycles (refcounting frees what the fold
-            # replaces), so freezing them costs nothing but the scans it saves; what is
-            # garbage already is collected first, so that nothing dead is frozen
-            gc.collect()
-            gc.freeze()
-            self._log.info("gc.frozen", objects=gc.get_freeze_count(), leases=len(state.leases))
+            # the state's objects form no cycles (refcounting frees what the fold
+            # replaces): frozen, no collection scans them (reconciler.replica.collector)
+            collector = StateCollector(full_every_s=cfg.gc_full_every_s)
+            collector.loaded(leases=len(state.leases))
         info = await js.stream_info(self.names.in_stream)
         self._head = int(info.state.last_seq or 0)
         if state.applied_seq > self._head:
@@ -258,6 +262,9 @@ class Replica:
             store=store, state=state, consumer=consumer, decoder=Decoder(), prefix=cfg.prefix
         )
         self.caches = caches
+        self.collector = collector
+        if collector is not None:
+            caches.add_listener(collector.notify)
         self.election = LeaderElection(
             js, bucket=self.names.leader_bucket, holder=cfg.replica, ttl_s=cfg.leader_ttl_s
         )
@@ -277,6 +284,8 @@ class Replica:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.election.run, self._lead, self._follow, name="election")
+                if collector is not None:
+                    tg.start_soon(collector.run, name="gc")
 
                 async def stopper() -> None:
                     await stop.wait()
