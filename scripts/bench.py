@@ -86,6 +86,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import heapq
 import math
 import os
@@ -1125,35 +1126,46 @@ async def measure_latency(
             out = opts.py_spy.with_stem(f"{opts.py_spy.stem}-{suffix}")
             profiler = PySpy(out, proc.pid, ctx.workdir / "py-spy-latency.log")
         log(f"latency: {warmup} warm-up + {measured} commands at {opts.rate:g}/s, open loop")
-        futures: list[asyncio.Future[api.PubAck]] = []
-        lag = 0.0
-        k = 0
-        start = measure_from = time.perf_counter() + 0.05
-        cpu_start = proc.cpu_seconds()[0]
-        for item in load.items:
-            if item.request_id is not None:
-                due = start + k / opts.rate
-                delay = due - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                lag = max(lag, time.perf_counter() - due)
-                k += 1
-                if k == warmup + 1:
-                    measure_from = time.perf_counter()
-                    cpu_start = proc.cpu_seconds()[0]
-                sent[item.request_id] = time.perf_counter()
-            futures.append(await js.publish_async(item.subject, item.data, headers=item.headers))
-        send_seconds = time.perf_counter() - measure_from
-        cpu = (proc.cpu_seconds()[0] - cpu_start) / send_seconds
-        if profiler is not None:
-            await asyncio.to_thread(profiler.stop)
-            log(f"py-spy profile written to {profiler.out}")
-        await asyncio.wait_for(asyncio.gather(*futures), timeout=60)
+        # this client's own garbage collector must not pause it while it measures: a full
+        # collection over the workload it holds (100,000 held leases' inputs) took 100 to
+        # 200 ms here, late sends and late arrival stamps that were counted as the
+        # reconciler's latency. Frozen, the workload is never scanned; thawed afterwards.
+        gc.collect()
+        gc.freeze()
+        try:
+            futures: list[asyncio.Future[api.PubAck]] = []
+            lag = 0.0
+            k = 0
+            start = measure_from = time.perf_counter() + 0.05
+            cpu_start = proc.cpu_seconds()[0]
+            for item in load.items:
+                if item.request_id is not None:
+                    due = start + k / opts.rate
+                    delay = due - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    lag = max(lag, time.perf_counter() - due)
+                    k += 1
+                    if k == warmup + 1:
+                        measure_from = time.perf_counter()
+                        cpu_start = proc.cpu_seconds()[0]
+                    sent[item.request_id] = time.perf_counter()
+                futures.append(
+                    await js.publish_async(item.subject, item.data, headers=item.headers)
+                )
+            send_seconds = time.perf_counter() - measure_from
+            cpu = (proc.cpu_seconds()[0] - cpu_start) / send_seconds
+            if profiler is not None:
+                await asyncio.to_thread(profiler.stop)
+                log(f"py-spy profile written to {profiler.out}")
+            await asyncio.wait_for(asyncio.gather(*futures), timeout=60)
 
-        async def all_arrived() -> bool:
-            return len(arrivals) >= len(sent)
+            async def all_arrived() -> bool:
+                return len(arrivals) >= len(sent)
 
-        await wait_until(proc, "every decision", all_arrived, within_s=60, every_s=0.05)
+            await wait_until(proc, "every decision", all_arrived, within_s=60, every_s=0.05)
+        finally:
+            gc.unfreeze()
         await sub.unsubscribe()
     ids = load.commands[warmup:]
     samples = sorted((arrivals[r] - sent[r]) * 1000 for r in ids)
