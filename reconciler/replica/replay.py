@@ -42,6 +42,7 @@ import datetime as dt
 import gc
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -61,6 +62,7 @@ from reconciler.bus.streams import StreamNames
 from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
 from reconciler.core.state import State
 from reconciler.replica.caches import Caches, Commit, FoldFailed, fold_deliveries
+from reconciler.replica.collector import StateCollector
 from reconciler.replica.replay_reading import (
     READ_CHUNK,
     LocalReaders,
@@ -212,8 +214,7 @@ async def replay_into(
                 # taken before the fold, which goes on in the snapshot's state
                 snapshot_seq = snapshot.state.applied_seq if snapshot is not None else 0
                 before = _BeforeSnapshot(snapshot) if snapshot is not None else None
-                if snapshot is not None:
-                    collector.freeze()
+                collector.freeze()
                 produced: dict[str, tuple[str, bytes]] = {}
                 seconds = {"snapshot": time.perf_counter() - clock}
                 clock = time.perf_counter()
@@ -228,6 +229,7 @@ async def replay_into(
                             retention=decision_retention_s,
                             snapshot=snapshot,
                             inputs_from=inputs_from,
+                            after_batch=collector.notify,
                         )
                     except FoldFailed as failure:
                         # a bug in the fold: the live line reloaded its state from the store
@@ -307,11 +309,14 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
 
 
 class _FoldCollector:
-    """The garbage collector as a replica runs it, for the replay's length: a young
-    generation of :data:`FOLD_GC_THRESHOLD`, and :meth:`freeze` once the snapshot is
-    decoded, which moves its objects (no cycles: refcounting frees what the fold
-    replaces) out of every later collection. :meth:`restore` undoes both; nothing is
-    frozen if the caller froze objects itself.
+    """The garbage collector as a replica runs it (:mod:`reconciler.replica.collector`),
+    for the replay's length: a young generation of :data:`FOLD_GC_THRESHOLD`,
+    :meth:`freeze` once the snapshot is decoded (or the fold starts from nothing), which
+    moves its objects (no cycles: refcounting frees what the fold replaces) out of every
+    later collection, and :meth:`notify` after each folded batch, which freezes what the
+    state gained at most once a second, so that a long replay's growing state is never
+    scanned in full. :meth:`restore` undoes it all; nothing is frozen if the caller froze
+    objects itself.
 
     Freezing takes no time (the generations' lists are spliced into the permanent one);
     no collection runs first (it took 0.2 s after a snapshot of 50,000 rows): whatever
@@ -320,6 +325,7 @@ class _FoldCollector:
     def __init__(self) -> None:
         self._thresholds = gc.get_threshold()
         self._frozen = False
+        self._state = StateCollector(full_every_s=0)
         young, middle, oldest = self._thresholds
         gc.set_threshold(max(young, FOLD_GC_THRESHOLD), middle, oldest)
 
@@ -327,6 +333,10 @@ class _FoldCollector:
         if gc.get_freeze_count() == 0:
             gc.freeze()
             self._frozen = True
+
+    def notify(self) -> None:
+        if self._frozen:
+            self._state.notify(None)
 
     def restore(self) -> None:
         gc.set_threshold(*self._thresholds)
@@ -382,6 +392,7 @@ async def _fold_in_memory(
     retention: int | None = DEFAULT_DECISION_RETENTION_S,
     snapshot: DecodedSnapshot | None = None,
     inputs_from: int | None = None,
+    after_batch: Callable[[], None] = lambda: None,
 ) -> tuple[State, int, int]:
     """The fold of the caches (:func:`~reconciler.replica.caches.fold_deliveries`:
     decoding, dead letters, the fold), without the store nobody reads afterwards.
@@ -410,6 +421,7 @@ async def _fold_in_memory(
             for out in folded.fx.outputs:
                 if out.msg_id is not None and out.msg_id not in produced:
                     produced[out.msg_id] = (out.subject, out.payload)
+            after_batch()
             await anyio.lowlevel.checkpoint()  # the OUT stream's reader reads meanwhile
     finally:
         await readers.close_inputs()
