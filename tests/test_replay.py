@@ -16,9 +16,11 @@ from nats.aio.client import Client
 import reconciler.replica.caches as caches_module
 import reconciler.replica.replay as replay_module
 from reconciler.bus.connection import ConnectOptions
+from reconciler.bus.streams import StreamNames
 from reconciler.core.inputs import Message
 from reconciler.core.state import Effects, State
 from reconciler.replica.replay import ReplayError, replay_into
+from reconciler.replica.replay_reading import Found, OutputReader
 from reconciler.replica.snapshots import SnapshotBucket, SnapshotPublisher, object_name
 from reconciler.store.digest import state_digest
 from reconciler.store.snapshot import read_snapshot
@@ -181,3 +183,35 @@ async def test_a_reader_child_that_cannot_connect_fails_the_replay_with_the_reas
     unreachable = ConnectOptions.from_url("nats://127.0.0.1:1", initial_timeout_s=1.0)
     with anyio.fail_after(30), pytest.raises(ReplayError, match="reading the streams failed"):
         await replay_into(nc, connect_opts=unreachable)
+
+
+async def test_the_output_reader_hands_outputs_over_as_it_reads(
+    nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    """The reader child forwards what it keeps of the OUT stream while it reads (so the
+    replay takes it in during the fold); forwarded and kept, in order, are every output
+    with a Nats-Msg-Id, as the reader that keeps everything finds them."""
+    bus = BusClient(nc)
+    await bus.ensure_streams()
+    async with running_replica(fast_config(nats_url, tmp_path / "rc.db", snapshot_interval_s=0)):
+        load = mixed(200, seed=13)
+        await bus.send_many(load.setup + load.items)
+        await bus.wait_caught_up()
+    names = StreamNames.for_prefix("rc")
+    js = nc.jetstream()
+    out_last = int((await js.stream_info(names.out_stream)).state.last_seq or 0)
+    whole = OutputReader(nc, js, names, chunk=40, since=None)
+    handed: list[list[Found]] = []
+
+    async def forward(found: list[Found]) -> None:
+        handed.append(found)
+
+    forwarding = OutputReader(
+        nc, js, names, chunk=40, since=None, forward=forward, forward_every=50
+    )
+    for reader in (whole, forwarding):
+        reader.until(out_last)
+        await reader.run()
+    assert len(whole.found) > 100
+    assert len(handed) >= 2 and all(len(part) >= 50 for part in handed)
+    assert [f for part in handed for f in part] + forwarding.found == whole.found

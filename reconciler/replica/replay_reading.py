@@ -15,10 +15,13 @@ Rules:
   (:class:`OutputReader`). Either keeps every output with a ``Nats-Msg-Id`` (stream
   sequence, id, subject, payload) until told the stream's last sequence once the fold
   is done, or until nothing comes for :data:`COMPARE_STALL_S` after that.
-- The child's pipes carry frames of a 4-byte big-endian length then a pickle: the
-  request (connection options, prefix, start time, chunk), then the last sequence (or
-  the pipe closing: stop), and back ``("ok", found)`` or ``("error", why)``. Its
-  stdout is the pipe alone (anything printed goes to stderr).
+- The child's pipes carry frames of a 4-byte big-endian length then a pickle. To the
+  child: the request (connection options, prefix, start time, chunk), then
+  ``("in", first, last)`` (read the inputs), ``("until", out_last)`` (the OUT stream's
+  last sequence), or the pipe closing (stop). Back: ``("in", inputs)`` (``None`` after
+  the last), ``("found", outputs)`` as the OUT stream is read (:data:`_FORWARD_EVERY`
+  at a time), then ``("out", the rest)``, or ``("error", why)``. Its stdout is the pipe
+  alone (anything printed goes to stderr).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import struct
 import sys
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -82,6 +86,9 @@ Found = tuple[int, str, str, bytes]
 RawInput = tuple[str, bytes, int, int, int]
 #: frames of inputs on their way between the child's reader and the fold
 _PIPE_FRAMES = 4
+#: outputs the child hands over at a time while it reads the OUT stream: the replay takes
+#: them in during the fold, instead of all of them (and their unpickling) at its end
+_FORWARD_EVERY = 2000
 #: frames of inputs the child reads ahead of the fold: while the replay fetches and
 #: decodes the snapshot, the tail's first inputs are read (16 chunks: ~16,000 inputs)
 _CHILD_READ_AHEAD = 16
@@ -272,10 +279,17 @@ class OutputReader:
         *,
         chunk: int,
         since: dt.datetime | None,
+        forward: Callable[[list[Found]], Awaitable[None]] | None = None,
+        forward_every: int = 0,
     ) -> None:
         self.head = f"{names.prefix}."
         self.reader = StreamReader(nc, js, stream=names.out_stream, chunk=chunk, start_time=since)
+        #: what was kept and not forwarded yet (everything, without ``forward``)
         self.found: list[tuple[int, str, str, bytes]] = []
+        #: hands the outputs kept over as they come, ``forward_every`` (default
+        #: :data:`_FORWARD_EVERY`) at a time
+        self.forward = forward
+        self.forward_every = forward_every or _FORWARD_EVERY
         self.last: int | None = None
         self.done = anyio.Event()
         self._quiet_since = time.monotonic()
@@ -303,6 +317,9 @@ class OutputReader:
                     msg_id = headers.get(MSG_ID) if headers else None
                     if msg_id is not None:
                         found.append((seq, msg_id, msg.subject, msg.data))
+                if self.forward is not None and len(found) >= self.forward_every:
+                    await self.forward(found[:])
+                    found.clear()
         finally:
             self.done.set()
             await reader.close()
@@ -496,8 +513,10 @@ class ReaderProcess:
             if kind == "in":
                 with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     await self._in_send.send(value)
+            elif kind == "found":
+                self.found.extend(value)
             elif kind == "out":
-                self.found = value
+                self.found.extend(value)
                 return None
             else:
                 return f"reading the streams failed: {value}"
@@ -510,8 +529,12 @@ async def _child_read(request: tuple[Any, ...], stdin: BinaryIO, answers: Binary
     try:
         js = nc.jetstream()
         names = StreamNames.for_prefix(prefix)
-        outputs = OutputReader(nc, js, names, chunk=chunk, since=since)
         send, receive = anyio.create_memory_object_stream[bytes](_CHILD_READ_AHEAD)
+
+        async def forward(found: list[Found]) -> None:
+            await send.send(_frame(("found", found)))
+
+        outputs = OutputReader(nc, js, names, chunk=chunk, since=since, forward=forward)
         cleanup.callback(send.close)
         cleanup.callback(receive.close)
 
