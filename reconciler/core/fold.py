@@ -12,8 +12,7 @@ gives the same bytes.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
-from typing import Any
+from typing import Any, get_args
 
 import orjson
 
@@ -40,6 +39,7 @@ from reconciler.core.model import (
     RequestId,
     ResourceClass,
     Resources,
+    evolve_host,
     evolve_lease,
 )
 from reconciler.core.placement import (
@@ -63,6 +63,26 @@ from reconciler.core.state import DecisionRecord, Effects, Output, State, Transi
 
 _DUMP_OPTS = orjson.OPT_SORT_KEYS
 
+# Enum values: the lease enums are ``StrEnum``s, whose ``str()`` is their value (Python's
+# documented ``StrEnum.__str__``), and ``str(member)`` is a C call where ``member.value``
+# is a Python-level descriptor (about 6 times slower; the fold reads them per transition
+# and per decision).
+
+
+# Enum members as module constants, for the hot paths: on Python 3.11 ``LeaseState.READY``
+# goes through the enum metaclass's ``__getattr__`` hook (about 100 ns, where a global is
+# about 10 ns), and the fold tests lease states and kinds several times per input.
+_RESERVED = LeaseState.RESERVED
+_CREATED = LeaseState.CREATED
+_READY = LeaseState.READY
+_CLAIMED = LeaseState.CLAIMED
+_INJECTED = LeaseState.INJECTED
+_DRAINING = LeaseState.DRAINING
+_VICTIM = LeaseState.VICTIM
+_DELETING = LeaseState.DELETING
+_RELEASED = LeaseState.RELEASED
+_COLD = LeaseKind.COLD
+_WARM = LeaseKind.WARM
 
 #: rejections that preemption may turn around (capacity, possibly on the selected host)
 _PREEMPTIBLE_REASONS = ("insufficient-capacity", "selected-host-unsuitable")
@@ -87,7 +107,7 @@ def fold(state: State, message: ev.Message, fx: Effects | None = None) -> Effect
     if message.seq <= state.applied_seq:
         return fx
     step = _Step(state, message, fx)
-    if step.now is not None:
+    if step.now is not None and state.decision_retention_s is not None:
         evict_expired(state, step.now, fx)
     step.run()
     state.applied_seq = message.seq
@@ -123,9 +143,12 @@ class _Step:
         handler = _HANDLERS.get(type(item))
         if handler is None:  # pragma: no cover - every input type is registered
             raise TypeError(f"no handler for {type(item).__name__}")
-        if isinstance(item, ev.Command) and item.request_id in self.state.decisions:
-            self._republish(item.request_id)
-            return
+        # a set lookup on the exact type rather than isinstance() against the union
+        if type(item) in _COMMANDS:
+            request_id: RequestId = item.request_id  # type: ignore[union-attr]
+            if request_id in self.state.decisions:
+                self._republish(request_id)
+                return
         handler(self, item)
 
     # ------------------------------------------------------------------ helpers
@@ -171,32 +194,31 @@ class _Step:
             ]
         data = encode(payload)
         final_at = self.now if phase == "final" else None
+        state = self.state
+        # positional: the fields' order is request_id, verb, phase, payload, lease_id, final_at
         record = DecisionRecord(
-            request_id=request_id,
-            verb=verb,
-            phase=phase,
-            payload=data,
-            lease_id=lease.lease_id if lease is not None else None,
-            final_at=final_at,
+            request_id, verb, phase, data, lease.lease_id if lease is not None else None, final_at
         )
-        self.state.decisions[request_id] = record
+        state.decisions[request_id] = record
         if final_at is not None:
-            self.state.expiry.add_decision(final_at, request_id)
-        self.fx.decisions.add(request_id)
-        self.fx.outputs.append(Output(f"out.decision.{request_id}", record.msg_id, data, outcome))
+            state.expiry.add_decision(final_at, request_id)
+        fx = self.fx
+        fx.decisions.add(request_id)
+        fx.outputs.append(Output(f"out.decision.{request_id}", record.msg_id, data, outcome))
 
     def move(self, lease: Lease, to: LeaseState, event: str, **changes: Any) -> Lease:
         """Change a lease's state (or only its fields, when ``to`` is its state)."""
         new = evolve_lease(lease, state=to, **changes)
         self.state.put_lease(new)
-        self.fx.leases.add(new.lease_id)
-        self.fx.hosts.add(new.host)
-        self.fx.pools.add(new.pool)
+        fx = self.fx
+        fx.leases.add(new.lease_id)
+        fx.hosts.add(new.host)
+        fx.pools.add(new.pool)
         if to is not lease.state:
-            self.fx.transitions.append(
-                Transition(self.seq, new.lease_id, event, lease.state.value, to.value, self.at)
+            fx.transitions.append(
+                Transition(self.seq, new.lease_id, event, str(lease.state), str(to), self.at)
             )
-            if to is LeaseState.RELEASED:
+            if to is _RELEASED:
                 self._released(new.lease_id)
         return new
 
@@ -217,9 +239,9 @@ class _Step:
         self.fx.hosts.add(lease.host)
         self.fx.pools.add(lease.pool)
         self.fx.transitions.append(
-            Transition(self.seq, lease.lease_id, event, None, lease.state.value, self.at)
+            Transition(self.seq, lease.lease_id, event, None, str(lease.state), self.at)
         )
-        if lease.state is LeaseState.RELEASED:
+        if lease.state is _RELEASED:
             self._released(lease.lease_id)
 
     def exec_delete(
@@ -278,13 +300,13 @@ class _Step:
         if lease.gated and lease.awaiting_victims:
             # Its victims still run: keep booking their room until they are gone, so
             # nothing else can be admitted onto capacity that is not free yet.
-            if lease.state is not LeaseState.DELETING:
-                self.move(lease, LeaseState.DELETING, event)
+            if lease.state is not _DELETING:
+                self.move(lease, _DELETING, event)
             self.note(f"{lease.lease_id} waits for its victims before it is released")
             return
         released = self.move(
             lease,
-            LeaseState.RELEASED,
+            _RELEASED,
             event,
             suspect_revision=None,
             gate_seq=None,
@@ -310,7 +332,7 @@ class _Step:
             held=held,
             held_gpus=held_gpus,
         )
-        if pending.state is LeaseState.DELETING:
+        if pending.state is _DELETING:
             if not remaining:
                 self.release(pending, "victims-released")
             return
@@ -331,8 +353,8 @@ class _Step:
         host = self.state.hosts.get(host_name)
         if host is None:
             return
-        for lease in self.state.active_on_host(host_name):
-            if not lease.gated or lease.awaiting_victims or lease.state is not LeaseState.RESERVED:
+        for lease in self.state.gated_on(host_name):
+            if lease.awaiting_victims or lease.state is not _RESERVED:
                 continue
             if not host.schedulable:
                 self.note(f"gate of {lease.lease_id} stays shut: {host_name} is unschedulable")
@@ -364,7 +386,7 @@ class _Step:
             or base.gpu_profile != snap.gpu_profile
             or base.gpu_revision < 0
         )
-        host = replace(
+        host = evolve_host(
             base,
             uid=snap.uid,
             snapshot_revision=snap.revision,
@@ -428,7 +450,7 @@ class _Step:
             foreign = foreign + inst.resources
             foreign_pci.update(inst.gpus)
             foreign_names.append(inst.name)
-        host = replace(
+        host = evolve_host(
             old,
             inventory_revision=inv.revision,
             inventory_seq=self.seq,
@@ -443,7 +465,7 @@ class _Step:
         for lease in self.state.active_on_host(inv.host):
             if (
                 lease.lease_id not in seen
-                and lease.state is not LeaseState.RESERVED
+                and lease.state is not _RESERVED
                 and lease.suspect_revision is None
             ):
                 self.move(lease, lease.state, "missing", suspect_revision=inv.revision)
@@ -451,8 +473,8 @@ class _Step:
         self.check_gates(inv.host)
 
     def _observed(self, lease: Lease, inv: ev.HostInventory) -> None:
-        if lease.state is LeaseState.RESERVED and not lease.gated:
-            lease = self.move(lease, LeaseState.CREATED, "inventory")
+        if lease.state is _RESERVED and not lease.gated:
+            lease = self.move(lease, _CREATED, "inventory")
         if lease.suspect_revision is not None:
             self.move(lease, lease.state, "reappeared", suspect_revision=None)
 
@@ -463,16 +485,16 @@ class _Step:
         lease_id: LeaseId,
         pci: dict[str, Any],
     ) -> LeaseId:
-        kind = LeaseKind.WARM if inst.config.get(TAG_KIND) == "warm" else LeaseKind.COLD
+        kind = _WARM if inst.config.get(TAG_KIND) == "warm" else _COLD
         job = inst.config.get(TAG_JOB) or None
-        if kind is LeaseKind.COLD:
-            state = LeaseState.CREATED
+        if kind is _COLD:
+            state = _CREATED
         elif job is not None:
-            state = LeaseState.CLAIMED
+            state = _CLAIMED
         elif inst.status_code in (103, 113):  # Running, Ready
-            state = LeaseState.READY
+            state = _READY
         else:
-            state = LeaseState.CREATED
+            state = _CREATED
         host = self.state.hosts.get(inv.host)
         basis = runtime_basis(self.state, host) if host else (-1, None, -1)
         lease = Lease(
@@ -489,7 +511,7 @@ class _Step:
             project=inst.project,
             job=JobId(job) if job and JobId(job) not in self.state.jobs else None,
             admitted_seq=self.seq,
-            ready_seq=self.seq if state is LeaseState.READY else 0,
+            ready_seq=self.seq if state is _READY else 0,
             adopted=True,
             runtime_gpu_revision=basis[0],
             runtime_profile=basis[1],
@@ -516,19 +538,19 @@ class _Step:
             return
         action = event.action
         if action == "instance-created":
-            if lease.state is LeaseState.RESERVED and not lease.gated:
-                self.move(lease, LeaseState.CREATED, action)
+            if lease.state is _RESERVED and not lease.gated:
+                self.move(lease, _CREATED, action)
         elif action in ("instance-ready", "instance-agent-started"):
             if (
-                lease.kind is LeaseKind.WARM
+                lease.kind is _WARM
                 and lease.state
                 in (
-                    LeaseState.RESERVED,
-                    LeaseState.CREATED,
+                    _RESERVED,
+                    _CREATED,
                 )
                 and not lease.gated
             ):
-                self.move(lease, LeaseState.READY, action, ready_seq=self.seq)
+                self.move(lease, _READY, action, ready_seq=self.seq)
         elif action == "instance-deleted":
             self.release(lease, action)
         else:
@@ -675,7 +697,7 @@ class _Step:
         if result.chosen is not None:
             lease = self._reserve(cmd, pool, result.chosen.host, result.chosen.gpus)
             self.decide(cmd.request_id, verb, "admitted", lease=lease)
-            if lease.kind is LeaseKind.WARM:
+            if lease.kind is _WARM:
                 self.exec_create(lease, pool, result.chosen.host)
             return
         assert result.reason is not None
@@ -713,7 +735,7 @@ class _Step:
         if booking_count >= pool.max_instances:
             return f"pool {pool.name!r} has {booking_count} of max_instances {pool.max_instances}"
         warm = self.state.pool_warm_unclaimed.get(pool.name, 0)
-        if kind is LeaseKind.WARM and warm >= pool.warm.max_ready:
+        if kind is _WARM and warm >= pool.warm.max_ready:
             return (
                 f"pool {pool.name!r} has {warm} unclaimed warm VMs of "
                 f"max_ready {pool.warm.max_ready}"
@@ -737,7 +759,7 @@ class _Step:
             host_uid=host.uid,
             pool=pool.name,
             kind=cmd.kind,
-            state=LeaseState.RESERVED,
+            state=_RESERVED,
             demand=pool.flavor,
             gpus=gpus,
             project=pool.project,
@@ -764,7 +786,7 @@ class _Step:
         victims: tuple[Lease, ...],
     ) -> None:
         for victim in victims:
-            marked = self.move(victim, LeaseState.VICTIM, "preempted", victim_of=cmd.request_id)
+            marked = self.move(victim, _VICTIM, "preempted", victim_of=cmd.request_id)
             self.exec_delete(marked, "preempted")
         gate = tuple(v.lease_id for v in victims)
         lease = self._reserve(cmd, pool, host, gpus, gate=gate)
@@ -808,7 +830,7 @@ class _Step:
             )
             return
         chosen = min(ready, key=lambda le: (le.ready_seq, le.lease_id))
-        claimed = self.move(chosen, LeaseState.CLAIMED, verb, job=cmd.job)
+        claimed = self.move(chosen, _CLAIMED, verb, job=cmd.job)
         self.state.jobs[cmd.job] = claimed.lease_id
         self.decide(cmd.request_id, verb, "claimed", lease=claimed)
 
@@ -829,7 +851,7 @@ class _Step:
                 detail=f"lease is {lease.kind.value} and {lease.state.value}",
             )
             return
-        drained = self.move(lease, LeaseState.DRAINING, verb)
+        drained = self.move(lease, _DRAINING, verb)
         self.exec_delete(drained, "drained")
         self.decide(cmd.request_id, verb, "authorized", lease=drained)
 
@@ -844,9 +866,9 @@ class _Step:
                 detail="admission must precede every mutation",
             )
             return
-        if lease.state is LeaseState.RESERVED and not lease.gated:
-            lease = self.move(lease, LeaseState.CREATED, cmd.verb)
-        elif lease.state is not LeaseState.CREATED:
+        if lease.state is _RESERVED and not lease.gated:
+            lease = self.move(lease, _CREATED, cmd.verb)
+        elif lease.state is not _CREATED:
             detail = "launch gate still shut" if lease.gated else f"lease is {lease.state.value}"
             self.decide(
                 cmd.request_id, cmd.verb, "error", reason="wrong-state", lease=lease, detail=detail
@@ -859,7 +881,7 @@ class _Step:
         if lease is None or not lease.active:
             self.decide(cmd.request_id, cmd.verb, "error", reason="no-lease")
             return
-        if lease.state not in (LeaseState.CLAIMED, LeaseState.INJECTED):
+        if lease.state not in (_CLAIMED, _INJECTED):
             self.decide(cmd.request_id, cmd.verb, "error", reason="wrong-state", lease=lease)
             return
         if lease.job != cmd.job:
@@ -872,14 +894,14 @@ class _Step:
                 detail="claimed by another job",
             )
             return
-        if lease.state is LeaseState.CLAIMED:
-            lease = self.move(lease, LeaseState.INJECTED, cmd.verb)
+        if lease.state is _CLAIMED:
+            lease = self.move(lease, _INJECTED, cmd.verb)
         self.decide(cmd.request_id, cmd.verb, "ok", lease=lease)
 
     def on_mark_deleting(self, cmd: ev.MarkDeleting) -> None:
         lease = self.state.lease_of_instance(cmd.instance)
-        if lease is not None and lease.active and lease.state is not LeaseState.DELETING:
-            lease = self.move(lease, LeaseState.DELETING, cmd.verb)
+        if lease is not None and lease.active and lease.state is not _DELETING:
+            lease = self.move(lease, _DELETING, cmd.verb)
         self.decide(cmd.request_id, cmd.verb, "ok", lease=lease)
 
     def on_release(self, cmd: ev.Release) -> None:
@@ -908,7 +930,7 @@ class _Step:
 
 
 def _drain_refusal(lease: Lease) -> str | None:
-    if lease.kind is not LeaseKind.WARM:
+    if lease.kind is not _WARM:
         return "wrong-state"
     match lease.state:
         case LeaseState.READY:
@@ -934,6 +956,9 @@ def _rejection_detail(result: PlacementResult, cmd: ev.Admit) -> str:
     )
     return f"hosts by furthest filter stage reached: {summary}"
 
+
+#: the command input types: a command whose request id was decided is answered again
+_COMMANDS: frozenset[type] = frozenset(get_args(ev.Command))
 
 _HANDLERS: dict[type, Any] = {
     ev.HostSnapshot: _Step.on_snapshot,
