@@ -23,6 +23,7 @@ from reconciler.core.model import (
     TAG_KIND,
     TAG_LEASE_ID,
     TAG_POOL,
+    ZERO,
     ClassName,
     GpuPolicy,
     GpuProfile,
@@ -311,7 +312,7 @@ class _Step:
             suspect_revision=None,
             gate_seq=None,
             awaiting_victims=(),
-            held=Resources(),
+            held=ZERO,
             held_gpus=(),
         )
         if released.victim_of is not None:

@@ -318,9 +318,12 @@ class Lease:
     def booked_demand(self) -> Resources:
         """What this lease books: its demand, or while it waits on victims, at least
         what they hold (the victims themselves book nothing)."""
-        if not self.held_gpus and self.held == ZERO:
+        held = self.held
+        # ``is`` first: most leases hold the shared ZERO, and a dataclass ``==`` is a
+        # Python-level call (this runs for every lease the fold stores)
+        if not self.held_gpus and (held is ZERO or held == ZERO):
             return self.demand
-        d, h = self.demand, self.held
+        d, h = self.demand, held
         return Resources(
             max(d.cpu, h.cpu), max(d.memory_mib, h.memory_mib), max(d.disk_gib, h.disk_gib)
         )

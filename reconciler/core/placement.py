@@ -67,6 +67,8 @@ class ClaimError(ValueError):
 
 def merge_claims(pool: Pool, extra: Sequence[ClaimSpec]) -> list[ClaimSpec]:
     """The pool's claims, with a request's claim of the same name replacing the pool's."""
+    if not pool.claims and not extra:
+        return []
     by_name = {c.name: c for c in pool.claims}
     for claim in extra:
         by_name[claim.name] = claim
@@ -390,6 +392,8 @@ def _shape_key(
     state: State, pool: Pool, demand: Resources, claims: Sequence[ResolvedClaim]
 ) -> Hashable:
     """Everything but host state that a host's evaluation depends on."""
+    if not claims:
+        return (pool.name, pool.seq, demand, ())
     return (
         pool.name,
         pool.seq,

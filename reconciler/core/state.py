@@ -265,7 +265,7 @@ class State:
     def _count_host(self, lease: Lease, sign: int) -> None:
         """An active lease's share of its host: membership, and the capacity it books
         (which placement reads, so the host is logged for the candidate index)."""
-        self.candidates.touch(lease.host)
+        self.candidates.log.append(lease.host)  # candidates.touch(), without the call
         if sign > 0:
             self.on_host.setdefault(lease.host, set()).add(lease.lease_id)
         else:
@@ -355,9 +355,12 @@ def _books_alike(a: Lease, b: Lease) -> bool:
     promised away, and when booking, the same demand and GPUs."""
     if a.host != b.host or a.pool != b.pool or (a.victim_of is None) != (b.victim_of is None):
         return False
-    return a.victim_of is not None or (
-        a.booked_demand == b.booked_demand and a.booked_gpus == b.booked_gpus
-    )
+    if a.victim_of is not None:
+        return True
+    # ``is`` first: a lease evolved without a new demand keeps the same object, and a
+    # dataclass ``==`` is a Python-level call
+    da, db = a.booked_demand, b.booked_demand
+    return (da is db or da == db) and a.booked_gpus == b.booked_gpus
 
 
 def _member(index: dict[_K, set[LeaseId]], key: _K, lid: LeaseId, sign: int) -> None:
