@@ -44,6 +44,7 @@ from reconciler.core.model import (
     evolve_lease,
 )
 from reconciler.core.placement import (
+    STAGE_NAMES,
     ClaimError,
     PlacementResult,
     booking,
@@ -64,15 +65,13 @@ from reconciler.core.state import DecisionRecord, Effects, Output, State, Transi
 
 _DUMP_OPTS = orjson.OPT_SORT_KEYS
 
-# Enum values: the lease enums are ``StrEnum``s, whose ``str()`` is their value (Python's
-# documented ``StrEnum.__str__``), and ``str(member)`` is a C call where ``member.value``
-# is a Python-level descriptor (about 6 times slower; the fold reads them per transition
-# and per decision).
-
-
-# Enum members as module constants, for the hot paths: on Python 3.11 ``LeaseState.READY``
-# goes through the enum metaclass's ``__getattr__`` hook (about 100 ns, where a global is
-# about 10 ns), and the fold tests lease states and kinds several times per input.
+# Speed notes (the fold is the hot path of the live line and of replay):
+# - enum members as module constants: on Python 3.11 ``LeaseState.READY`` goes through
+#   the enum metaclass's ``__getattr__`` hook (about 100 ns, where a global is about
+#   10 ns), and the fold tests lease states and kinds several times per input;
+# - enum values as ``str(member)``: the lease enums are ``StrEnum``s, whose ``str()`` is
+#   their value (Python's documented ``StrEnum.__str__``), a C call where ``.value`` is
+#   a Python-level descriptor (about 6 times slower).
 _RESERVED = LeaseState.RESERVED
 _CREATED = LeaseState.CREATED
 _READY = LeaseState.READY
@@ -84,6 +83,8 @@ _DELETING = LeaseState.DELETING
 _RELEASED = LeaseState.RELEASED
 _COLD = LeaseKind.COLD
 _WARM = LeaseKind.WARM
+
+_NO_GPUS: frozenset[int] = frozenset()
 
 #: rejections that preemption may turn around (capacity, possibly on the selected host)
 _PREEMPTIBLE_REASONS = ("insufficient-capacity", "selected-host-unsuitable")
@@ -104,14 +105,24 @@ def encode(payload: dict[str, Any]) -> bytes:
 
 def fold(state: State, message: ev.Message, fx: Effects | None = None) -> Effects:
     """Apply one message. Skipped (no effects) when at or below the applied position."""
-    fx = fx if fx is not None else Effects()
-    if message.seq <= state.applied_seq:
+    if fx is None:
+        fx = Effects()
+    seq = message.seq
+    if seq <= state.applied_seq:
         return fx
-    step = _Step(state, message, fx)
+    item = message.input
+    handler = _HANDLERS.get(type(item))
+    step = _Step(state, seq, message.timestamp, fx)
     if step.now is not None and state.decision_retention_s is not None:
         evict_expired(state, step.now, fx)
-    step.run()
-    state.applied_seq = message.seq
+    if handler is None:  # pragma: no cover - every input type is registered
+        raise TypeError(f"no handler for {type(item).__name__}")
+    # a set lookup on the exact type rather than isinstance() against the Command union
+    if type(item) in _COMMANDS and item.request_id in state.decisions:  # type: ignore[union-attr]
+        step.republish(item.request_id)  # type: ignore[union-attr]
+    else:
+        handler(step, item)
+    state.applied_seq = seq
     return fx
 
 
@@ -128,36 +139,23 @@ def fold_batch(state: State, messages: Iterable[ev.Message]) -> Effects:
 class _Step:
     """One message being folded; a small object so helpers share seq, time and effects."""
 
-    __slots__ = ("fx", "msg", "now", "seq", "state", "ts")
+    __slots__ = ("fx", "now", "seq", "state", "ts")
 
-    def __init__(self, state: State, message: ev.Message, fx: Effects) -> None:
+    def __init__(self, state: State, seq: int, timestamp: str, fx: Effects) -> None:
         self.state = state
-        self.msg = message
-        self.seq = message.seq
-        self.ts = message.timestamp
+        self.seq = seq
+        self.ts = timestamp
         #: the stream time in whole seconds (retention), None for a timestamp without one
-        self.now = epoch_second(message.timestamp)
+        self.now = epoch_second(timestamp)
         self.fx = fx
-
-    def run(self) -> None:
-        item = self.msg.input
-        handler = _HANDLERS.get(type(item))
-        if handler is None:  # pragma: no cover - every input type is registered
-            raise TypeError(f"no handler for {type(item).__name__}")
-        # a set lookup on the exact type rather than isinstance() against the union
-        if type(item) in _COMMANDS:
-            request_id: RequestId = item.request_id  # type: ignore[union-attr]
-            if request_id in self.state.decisions:
-                self._republish(request_id)
-                return
-        handler(self, item)
 
     # ------------------------------------------------------------------ helpers
 
     def note(self, text: str) -> None:
         self.fx.notes.append((self.seq, text))
 
-    def _republish(self, request_id: RequestId) -> None:
+    def republish(self, request_id: RequestId) -> None:
+        """Answer a request id decided already: its latest decision, the same bytes."""
         record = self.state.decisions[request_id]
         self.fx.outputs.append(Output(f"out.decision.{request_id}", record.msg_id, record.payload))
         self.note(f"request {request_id} already decided; decision re-sent")
@@ -193,7 +191,7 @@ class _Step:
             payload["victims"] = [
                 {"lease_id": v.lease_id, "instance": v.instance, "host": v.host} for v in victims
             ]
-        data = encode(payload)
+        data = bytes(memoryview(orjson.dumps(payload, option=_DUMP_OPTS)))  # encode(), inlined
         final_at = self.now if phase == "final" else None
         state = self.state
         # positional: the fields' order is request_id, verb, phase, payload, lease_id, final_at
@@ -202,10 +200,18 @@ class _Step:
         )
         state.decisions[request_id] = record
         if final_at is not None:
-            state.expiry.add_decision(final_at, request_id)
+            # expiry.add_decision(), its common case inlined: the second's bucket exists
+            bucket = state.expiry.decisions.get(final_at)
+            if bucket is not None:
+                bucket.append(request_id)
+            else:
+                state.expiry.add_decision(final_at, request_id)
         fx = self.fx
         fx.decisions.add(request_id)
-        fx.outputs.append(Output(f"out.decision.{request_id}", record.msg_id, data, outcome))
+        # the msg id is record.msg_id, spelled out to spare the property call
+        fx.outputs.append(
+            Output(f"out.decision.{request_id}", f"decision:{request_id}:{phase}", data, outcome)
+        )
 
     def move(self, lease: Lease, to: LeaseState, event: str, **changes: Any) -> Lease:
         """Change a lease's state (or only its fields, when ``to`` is its state)."""
@@ -381,6 +387,7 @@ class _Step:
             self.note(f"snapshot r{snap.revision} of {snap.host} is stale; ignored")
             return
         base = old if (old is not None and same_identity) else Host(name=snap.host, uid=snap.uid)
+        gpus = snap.gpus  # most hosts have none: skip the sort and the set then
         gpu_inputs_changed = (
             base.gpus != snap.gpus
             or base.labels != snap.labels
@@ -396,10 +403,14 @@ class _Step:
             labels=dict(snap.labels),
             capacity=snap.capacity,
             reserve=snap.reserve,
-            gpus=tuple(sorted(snap.gpus, key=lambda g: g.index)),
+            gpus=tuple(sorted(gpus, key=lambda g: g.index)) if gpus else (),
             gpu_profile=snap.gpu_profile,
             gpu_revision=snap.revision if gpu_inputs_changed else base.gpu_revision,
-            foreign_gpus=frozenset(g.index for g in snap.gpus if g.pci_address in base.foreign_pci),
+            foreign_gpus=(
+                frozenset(g.index for g in gpus if g.pci_address in base.foreign_pci)
+                if gpus and base.foreign_pci
+                else _NO_GPUS
+            ),
         )
         self.state.put_host(host)
         self.fx.hosts.add(snap.host)
@@ -953,7 +964,7 @@ def _rejection_detail(result: PlacementResult, cmd: ev.Admit) -> str:
     if not result.stages:
         return "no hosts are known"
     summary = ", ".join(
-        f"{n} {stage.name.lower()}" for stage, n in sorted(result.stages.items(), reverse=True)
+        f"{n} {STAGE_NAMES[stage]}" for stage, n in sorted(result.stages.items(), reverse=True)
     )
     return f"hosts by furthest filter stage reached: {summary}"
 

@@ -56,6 +56,11 @@ _UNSCHEDULABLE = Fit.UNSCHEDULABLE
 _STRUCTURE = Fit.STRUCTURE
 _CAPACITY = Fit.CAPACITY
 _FITS = Fit.FITS
+_SPREAD = Placement.SPREAD
+#: ``Fit(stage)`` by indexing (an enum call is a Python-level call of ~300 ns)
+_FIT_OF: tuple[Fit, ...] = tuple(sorted(Fit))
+#: lower-case stage names, for rejection details (``.name`` is a Python-level descriptor)
+STAGE_NAMES: dict[int, str] = {f: f.name.lower() for f in Fit}
 
 
 class ClaimError(ValueError):
@@ -393,7 +398,8 @@ def _shape_key(
 ) -> Hashable:
     """Everything but host state that a host's evaluation depends on."""
     if not claims:
-        return (pool.name, pool.seq, demand, ())
+        # the demand as a plain tuple: a dataclass's __hash__ is a Python-level call
+        return (pool.name, pool.seq, (demand.cpu, demand.memory_mib, demand.disk_gib), ())
     return (
         pool.name,
         pool.seq,
@@ -425,7 +431,7 @@ def place(
             return PlacementResult(fit, None, (fit,))
         reason = "host-unschedulable" if fit.fit is _UNSCHEDULABLE else "selected-host-unsuitable"
         return PlacementResult(None, reason, (fit,))
-    spread = pool.placement is Placement.SPREAD
+    spread = pool.placement is _SPREAD
     score = (
         _claims_scorer(state, pool, demand, claims, spread)
         if claims
@@ -437,7 +443,7 @@ def place(
     if winner is not None:
         chosen = evaluate(state, state.hosts[winner], pool, demand, claims)
         return PlacementResult(chosen, None, (chosen,))
-    reached = [Fit(stage) for stage, n in stages.items() if n > 0]
+    reached = [_FIT_OF[stage] for stage, n in stages.items() if n > 0]
     best = max(reached, default=_SELECTOR)
     return PlacementResult(None, REASON_FOR_FIT[best], (), {f: stages[f] for f in reached})
 
