@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from reconciler.core.frozen import fast_init
 from reconciler.core.model import (
     ClaimSpec,
     ClassName,
@@ -42,6 +43,7 @@ class DomainError(ValueError):
 # --------------------------------------------------------------------------- hosts
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class HostSnapshot:
     host: HostName
@@ -55,6 +57,7 @@ class HostSnapshot:
     gpu_profile: str | None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ObservedInstance:
     name: InstanceName
@@ -67,6 +70,7 @@ class ObservedInstance:
     gpus: tuple[str, ...]  # PCI addresses
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class HostInventory:
     host: HostName
@@ -75,6 +79,7 @@ class HostInventory:
     instances: tuple[ObservedInstance, ...]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Lifecycle:
     host: HostName
@@ -84,6 +89,7 @@ class Lifecycle:
     timestamp: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Observation:
     host: HostName
@@ -96,6 +102,7 @@ class Observation:
 # -------------------------------------------------------------------------- config
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PoolConfig:
     pool: PoolName
@@ -112,6 +119,7 @@ class PoolConfig:
     instance_type: InstanceType | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ClassConfig:
     name: ClassName
@@ -119,6 +127,7 @@ class ClassConfig:
     host_selector: dict[str, str]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GpuProfileConfig:
     name: str
@@ -126,6 +135,7 @@ class GpuProfileConfig:
     defaults: GpuRuntime
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GpuPolicyConfig:
     name: str
@@ -137,6 +147,7 @@ class GpuPolicyConfig:
 # ------------------------------------------------------------------------ commands
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Admit:
     request_id: RequestId
@@ -153,6 +164,7 @@ class Admit:
         return "admit-preemptible" if self.preemptible else "admit"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ClaimWarm:
     request_id: RequestId
@@ -161,6 +173,7 @@ class ClaimWarm:
     verb = "claim-warm"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AuthorizeWarmDrain:
     request_id: RequestId
@@ -168,6 +181,7 @@ class AuthorizeWarmDrain:
     verb = "authorize-warm-drain"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class MarkCreated:
     request_id: RequestId
@@ -175,6 +189,7 @@ class MarkCreated:
     verb = "mark-created"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class MarkWarmInjected:
     request_id: RequestId
@@ -183,6 +198,7 @@ class MarkWarmInjected:
     verb = "mark-warm-injected"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class MarkDeleting:
     request_id: RequestId
@@ -190,6 +206,7 @@ class MarkDeleting:
     verb = "mark-deleting"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Release:
     request_id: RequestId
@@ -197,6 +214,7 @@ class Release:
     verb = "release"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RenderRuntime:
     """Re-render a lease's GPU runtime against the host's current inputs (an addition)."""
@@ -229,6 +247,7 @@ Input = (
 )
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Message:
     """One input as the fold sees it: its stream position, its time, its content."""

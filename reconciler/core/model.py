@@ -8,11 +8,10 @@ host name from being passed where a lease id is expected.
 from __future__ import annotations
 
 import enum
-import operator
-from dataclasses import dataclass, field, fields
-from typing import Any, NewType, Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import NewType
 
-_E = TypeVar("_E")
+from reconciler.core.frozen import evolver, fast_init
 
 HostName = NewType("HostName", str)
 PoolName = NewType("PoolName", str)
@@ -23,6 +22,7 @@ JobId = NewType("JobId", str)
 RequestId = NewType("RequestId", str)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Resources:
     """A quantity of the three scalar resources; never negative when it is a demand."""
@@ -63,6 +63,7 @@ class Resources:
 ZERO = Resources()
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Gpu:
     index: int
@@ -73,6 +74,7 @@ class Gpu:
     numa_node: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Host:
     """What the latest accepted snapshot and inventory said about one Incus host."""
@@ -119,6 +121,7 @@ class InstanceType(enum.StrEnum):
     CONTAINER = "container"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GpuRequest:
     """The GPU part of a class's (or a merged claim's) parameters."""
@@ -136,6 +139,7 @@ class GpuRequest:
         return self.min_memory_mib is None or gpu.memory_mib >= self.min_memory_mib
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ClaimSpec:
     """A claim as written in a pool or a request: a class name and optional parameters."""
@@ -145,6 +149,7 @@ class ClaimSpec:
     gpu: GpuRequest | None = None  # the claim's own parameters, not yet merged
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ResourceClass:
     name: ClassName
@@ -153,6 +158,7 @@ class ResourceClass:
     seq: int = 0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ResolvedClaim:
     """A claim merged with its class: what placement actually has to satisfy."""
@@ -163,6 +169,7 @@ class ResolvedClaim:
     host_selector: dict[str, str]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class WarmPolicy:
     min_ready: int = 0
@@ -170,6 +177,7 @@ class WarmPolicy:
     protect_min_ready: bool = False
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Pool:
     name: PoolName
@@ -202,6 +210,7 @@ class ComputeMode(enum.StrEnum):
 RUNTIME_FIELDS = ("mig_mode", "compute_mode", "persistence", "power_limit_w", "ecc")
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GpuRuntime:
     mig_mode: MigMode = MigMode.DISABLED
@@ -220,6 +229,7 @@ class GpuRuntime:
         }
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GpuProfile:
     name: str
@@ -228,6 +238,7 @@ class GpuProfile:
     seq: int = 0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PolicySelector:
     host_labels: dict[str, str] | None = None
@@ -235,6 +246,7 @@ class PolicySelector:
     indexes: tuple[int, ...] | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GpuPolicy:
     name: str
@@ -267,6 +279,7 @@ class LeaseState(enum.StrEnum):
 _RELEASED = LeaseState.RELEASED
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Lease:
     """One VM the journal admitted or adopted, and where it is in its life."""
@@ -370,46 +383,8 @@ TAG_KIND = "user.rc.kind"
 TAG_JOB = "user.rc.job"
 
 
-class Evolve(Protocol[_E]):
-    """What :func:`_evolver` makes: ``evolve(entity, **changes)``, a changed copy."""
-
-    def __call__(self, entity: _E, /, **changes: Any) -> _E: ...
-
-
-def _evolver(cls: type[_E]) -> Evolve[_E]:
-    """A fast ``dataclasses.replace`` for one frozen, slotted dataclass ``cls``.
-
-    It reads every field in one call and writes each slot through its own setter, which
-    is what the generated ``__init__`` does, provided ``cls`` has neither a
-    ``__post_init__`` nor an ``init=False`` field (tests keep it so). About a third of
-    ``replace``'s cost: ``replace`` walks the fields, builds keyword arguments and goes
-    through ``__init__``'s ``object.__setattr__`` per field.
-    """
-    names = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
-    index = {name: i for i, name in enumerate(names)}
-    #: every field's value in one call (a tuple, in field order)
-    values_of = operator.attrgetter(*names)
-    #: the slots' own setters, in field order (what ``object.__setattr__`` ends up calling)
-    setters = tuple(cls.__dict__[name].__set__ for name in names)
-    new_instance = object.__new__
-
-    def evolve(entity: _E, /, **changes: Any) -> _E:
-        values = list(values_of(entity))
-        for name, value in changes.items():
-            i = index.get(name)
-            if i is None:
-                raise TypeError(f"{cls.__name__} has no field {name!r}")
-            values[i] = value
-        new: _E = new_instance(cls)
-        for setter, value in zip(setters, values, strict=True):
-            setter(new, value)
-        return new
-
-    return evolve
-
-
 #: a copy of a lease with changes: :func:`dataclasses.replace` for the fold's most
-#: frequent copy, at about a third of its cost (see :func:`_evolver`)
-evolve_lease = _evolver(Lease)
+#: frequent copy, at about a third of its cost (see :func:`reconciler.core.frozen.evolver`)
+evolve_lease = evolver(Lease)
 #: a copy of a host with changes (every snapshot and inventory copies its host)
-evolve_host = _evolver(Host)
+evolve_host = evolver(Host)

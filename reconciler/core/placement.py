@@ -13,6 +13,7 @@ import enum
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from reconciler.core.frozen import fast_init
 from reconciler.core.model import (
     ZERO,
     ClaimSpec,
@@ -137,6 +138,7 @@ def resolve_claims(state: State, claims: Iterable[ClaimSpec]) -> list[ResolvedCl
 # ------------------------------------------------------------------------ booking
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Booking:
     """What is booked on one host right now."""
@@ -231,6 +233,7 @@ def _selected(labels: dict[str, str], selector: dict[str, str]) -> bool:
 _NO_GPUS: frozenset[int] = frozenset()
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class HostFit:
     host: Host
@@ -316,6 +319,7 @@ def choose(fits: Sequence[HostFit], placement: Placement) -> HostFit:
     return min(fits, key=lambda f: (_room(f), f.host.name))
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PlacementResult:
     chosen: HostFit | None

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from reconciler.core.candidates import CandidateIndex
 from reconciler.core.expiry import ExpiryIndex
+from reconciler.core.frozen import fast_init
 from reconciler.core.model import (
     ClassName,
     GpuPolicy,
@@ -94,6 +95,7 @@ def is_reserved_cold(lease: Lease) -> bool:
     return lease.kind is _COLD and lease.state is _RESERVED and lease.gate_seq is None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Output:
     """One message to publish after commit. ``subject`` has no prefix (``out.…``)."""
@@ -105,6 +107,7 @@ class Output:
     outcome: str | None = field(default=None, compare=False)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Transition:
     """One lease transition, appended to the journal with its cause."""
@@ -118,6 +121,7 @@ class Transition:
     at: int = 0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class DecisionRecord:
     """The latest decision for a request id, kept for idempotent replies."""
@@ -301,9 +305,10 @@ class State:
                 counts[counted] = n
             else:
                 del counts[counted]
-        if lease.victim_of is not None:
+        # the warm indexes below hold warm leases only (cold ones return here, at once)
+        if lease.victim_of is not None or lease.kind is not _WARM:
             return
-        if lease.kind is _WARM and lease.state in WARM_UNCLAIMED:
+        if lease.state in WARM_UNCLAIMED:
             self.pool_warm_unclaimed[lease.pool] = (
                 self.pool_warm_unclaimed.get(lease.pool, 0) + sign
             )
