@@ -358,10 +358,8 @@ class Lease:
             "host": self.host,
             "host_uid": self.host_uid,
             "pool": self.pool,
-            # str() of a StrEnum is its value, without .value's descriptor call (hot:
-            # every decision payload holds its lease)
-            "kind": str(self.kind),
-            "state": str(self.state),
+            "kind": self.kind.value,
+            "state": self.state.value,
             "demand": self.demand.as_dict(),
             "gpus": list(self.gpus),
         }
