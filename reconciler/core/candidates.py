@@ -81,8 +81,29 @@ class CandidateIndex:
             changed.update(self.log[shape.pos - self.base :])
             shape.pending = set()
             shape.pos = head
+        # rescoring inlined: this loop runs for every host changed since the shape was
+        # last placed, a few per admission and the whole fleet on a shape's first one
+        counter = self.counter
+        stages, stage_counts, stamps, heap = (
+            shape.stages,
+            shape.stage_counts,
+            shape.stamps,
+            shape.heap,
+        )
         for name in changed:
-            self._rescore(shape, name, *score(name))
+            stage, value = score(name)
+            counter += 1
+            old = stages.get(name)
+            if old is not None:
+                stage_counts[old] -= 1
+            stages[name] = stage
+            stage_counts[stage] = stage_counts.get(stage, 0) + 1
+            if value is None:
+                stamps.pop(name, None)
+            else:
+                stamps[name] = counter
+                heapq.heappush(heap, (value, name, counter))
+        self.counter = counter
         if len(shape.heap) > 4 * len(shape.stamps) + 64:
             shape.heap = [e for e in shape.heap if shape.stamps.get(HostName(e[1])) == e[2]]
             heapq.heapify(shape.heap)
@@ -103,16 +124,3 @@ class CandidateIndex:
         self.log.clear()
         for shape in self.shapes.values():
             shape.pos = self.base
-
-    def _rescore(self, shape: _Shape, name: HostName, stage: int, value: float | None) -> None:
-        self.counter += 1
-        old = shape.stages.get(name)
-        if old is not None:
-            shape.stage_counts[old] -= 1
-        shape.stages[name] = stage
-        shape.stage_counts[stage] = shape.stage_counts.get(stage, 0) + 1
-        if value is None:
-            shape.stamps.pop(name, None)
-            return
-        shape.stamps[name] = self.counter
-        heapq.heappush(shape.heap, (value, name, self.counter))

@@ -12,8 +12,7 @@ gives the same bytes.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
-from typing import Any
+from typing import Any, get_args
 
 import orjson
 
@@ -24,6 +23,7 @@ from reconciler.core.model import (
     TAG_KIND,
     TAG_LEASE_ID,
     TAG_POOL,
+    ZERO,
     ClassName,
     GpuPolicy,
     GpuProfile,
@@ -40,9 +40,11 @@ from reconciler.core.model import (
     RequestId,
     ResourceClass,
     Resources,
+    evolve_host,
     evolve_lease,
 )
 from reconciler.core.placement import (
+    STAGE_NAMES,
     ClaimError,
     PlacementResult,
     booking,
@@ -63,6 +65,26 @@ from reconciler.core.state import DecisionRecord, Effects, Output, State, Transi
 
 _DUMP_OPTS = orjson.OPT_SORT_KEYS
 
+# Speed notes (the fold is the hot path of the live line and of replay):
+# - enum members as module constants: on Python 3.11 ``LeaseState.READY`` goes through
+#   the enum metaclass's ``__getattr__`` hook (about 100 ns, where a global is about
+#   10 ns), and the fold tests lease states and kinds several times per input;
+# - enum values as ``str(member)``: the lease enums are ``StrEnum``s, whose ``str()`` is
+#   their value (Python's documented ``StrEnum.__str__``), a C call where ``.value`` is
+#   a Python-level descriptor (about 6 times slower).
+_RESERVED = LeaseState.RESERVED
+_CREATED = LeaseState.CREATED
+_READY = LeaseState.READY
+_CLAIMED = LeaseState.CLAIMED
+_INJECTED = LeaseState.INJECTED
+_DRAINING = LeaseState.DRAINING
+_VICTIM = LeaseState.VICTIM
+_DELETING = LeaseState.DELETING
+_RELEASED = LeaseState.RELEASED
+_COLD = LeaseKind.COLD
+_WARM = LeaseKind.WARM
+
+_NO_GPUS: frozenset[int] = frozenset()
 
 #: rejections that preemption may turn around (capacity, possibly on the selected host)
 _PREEMPTIBLE_REASONS = ("insufficient-capacity", "selected-host-unsuitable")
@@ -78,19 +100,53 @@ def encode(payload: dict[str, Any]) -> bytes:
     return bytes(memoryview(orjson.dumps(payload, option=_DUMP_OPTS)))
 
 
+def lease_payload(lease: Lease) -> dict[str, object]:
+    """``lease.as_dict()`` with its keys, and its demand's, in sorted order: what a
+    decision carries, ready for orjson to write without sorting (a test keeps the two
+    the same)."""
+    out: dict[str, object] = {"adopted": True} if lease.adopted else {}
+    if lease.gate_seq is not None:
+        out["awaiting_victims"] = list(lease.awaiting_victims)
+    d = lease.demand
+    out["demand"] = {"cpu": d.cpu, "disk_gib": d.disk_gib, "memory_mib": d.memory_mib}
+    out["gpus"] = list(lease.gpus)
+    out["host"] = lease.host
+    out["host_uid"] = lease.host_uid
+    out["instance"] = lease.instance
+    if lease.job is not None:
+        out["job"] = lease.job
+    out["kind"] = str(lease.kind)
+    out["lease_id"] = lease.lease_id
+    out["pool"] = lease.pool
+    out["state"] = str(lease.state)
+    if lease.suspect_revision is not None:
+        out["suspect"] = True
+    return out
+
+
 # ============================================================================ entry
 
 
 def fold(state: State, message: ev.Message, fx: Effects | None = None) -> Effects:
     """Apply one message. Skipped (no effects) when at or below the applied position."""
-    fx = fx if fx is not None else Effects()
-    if message.seq <= state.applied_seq:
+    if fx is None:
+        fx = Effects()
+    seq = message.seq
+    if seq <= state.applied_seq:
         return fx
-    step = _Step(state, message, fx)
-    if step.now is not None:
+    item = message.input
+    handler = _HANDLERS.get(type(item))
+    step = _Step(state, seq, message.timestamp, fx)
+    if step.now is not None and state.decision_retention_s is not None:
         evict_expired(state, step.now, fx)
-    step.run()
-    state.applied_seq = message.seq
+    if handler is None:  # pragma: no cover - every input type is registered
+        raise TypeError(f"no handler for {type(item).__name__}")
+    # a set lookup on the exact type rather than isinstance() against the Command union
+    if type(item) in _COMMANDS and item.request_id in state.decisions:  # type: ignore[union-attr]
+        step.republish(item.request_id)  # type: ignore[union-attr]
+    else:
+        handler(step, item)
+    state.applied_seq = seq
     return fx
 
 
@@ -107,33 +163,23 @@ def fold_batch(state: State, messages: Iterable[ev.Message]) -> Effects:
 class _Step:
     """One message being folded; a small object so helpers share seq, time and effects."""
 
-    __slots__ = ("fx", "msg", "now", "seq", "state", "ts")
+    __slots__ = ("fx", "now", "seq", "state", "ts")
 
-    def __init__(self, state: State, message: ev.Message, fx: Effects) -> None:
+    def __init__(self, state: State, seq: int, timestamp: str, fx: Effects) -> None:
         self.state = state
-        self.msg = message
-        self.seq = message.seq
-        self.ts = message.timestamp
+        self.seq = seq
+        self.ts = timestamp
         #: the stream time in whole seconds (retention), None for a timestamp without one
-        self.now = epoch_second(message.timestamp)
+        self.now = epoch_second(timestamp)
         self.fx = fx
-
-    def run(self) -> None:
-        item = self.msg.input
-        handler = _HANDLERS.get(type(item))
-        if handler is None:  # pragma: no cover - every input type is registered
-            raise TypeError(f"no handler for {type(item).__name__}")
-        if isinstance(item, ev.Command) and item.request_id in self.state.decisions:
-            self._republish(item.request_id)
-            return
-        handler(self, item)
 
     # ------------------------------------------------------------------ helpers
 
     def note(self, text: str) -> None:
         self.fx.notes.append((self.seq, text))
 
-    def _republish(self, request_id: RequestId) -> None:
+    def republish(self, request_id: RequestId) -> None:
+        """Answer a request id decided already: its latest decision, the same bytes."""
         record = self.state.decisions[request_id]
         self.fx.outputs.append(Output(f"out.decision.{request_id}", record.msg_id, record.payload))
         self.note(f"request {request_id} already decided; decision re-sent")
@@ -150,53 +196,61 @@ class _Step:
         lease: Lease | None = None,
         victims: Iterable[Lease] | None = None,
     ) -> None:
-        payload: dict[str, Any] = {
-            "v": 1,
-            "request_id": request_id,
-            "verb": verb,
-            "phase": phase,
-            "outcome": outcome,
-            "input_seq": self.seq,
-            "decided_at": self.ts,
-        }
-        if reason is not None:
-            payload["reason"] = reason
+        # Built with its keys in sorted order, at every level, so that orjson can write
+        # it as it is: the bytes encode() gives, without its sort (a third of the dump).
+        payload: dict[str, Any] = {"decided_at": self.ts}
         if detail is not None:
             payload["detail"] = detail
+        payload["input_seq"] = self.seq
         if lease is not None:
-            payload["lease"] = lease.as_dict()
+            payload["lease"] = lease_payload(lease)
+        payload["outcome"] = outcome
+        payload["phase"] = phase
+        if reason is not None:
+            payload["reason"] = reason
+        payload["request_id"] = request_id
+        payload["v"] = 1
+        payload["verb"] = verb
         if victims is not None:
             payload["victims"] = [
-                {"lease_id": v.lease_id, "instance": v.instance, "host": v.host} for v in victims
+                {"host": v.host, "instance": v.instance, "lease_id": v.lease_id} for v in victims
             ]
-        data = encode(payload)
+        # encode(), inlined, without the sort: see above
+        data = bytes(memoryview(orjson.dumps(payload)))
         final_at = self.now if phase == "final" else None
+        state = self.state
+        # positional: the fields' order is request_id, verb, phase, payload, lease_id, final_at
         record = DecisionRecord(
-            request_id=request_id,
-            verb=verb,
-            phase=phase,
-            payload=data,
-            lease_id=lease.lease_id if lease is not None else None,
-            final_at=final_at,
+            request_id, verb, phase, data, lease.lease_id if lease is not None else None, final_at
         )
-        self.state.decisions[request_id] = record
+        state.decisions[request_id] = record
         if final_at is not None:
-            self.state.expiry.add_decision(final_at, request_id)
-        self.fx.decisions.add(request_id)
-        self.fx.outputs.append(Output(f"out.decision.{request_id}", record.msg_id, data, outcome))
+            # expiry.add_decision(), its common case inlined: the second's bucket exists
+            bucket = state.expiry.decisions.get(final_at)
+            if bucket is not None:
+                bucket.append(request_id)
+            else:
+                state.expiry.add_decision(final_at, request_id)
+        fx = self.fx
+        fx.decisions.add(request_id)
+        # the msg id is record.msg_id, spelled out to spare the property call
+        fx.outputs.append(
+            Output(f"out.decision.{request_id}", f"decision:{request_id}:{phase}", data, outcome)
+        )
 
     def move(self, lease: Lease, to: LeaseState, event: str, **changes: Any) -> Lease:
         """Change a lease's state (or only its fields, when ``to`` is its state)."""
         new = evolve_lease(lease, state=to, **changes)
         self.state.put_lease(new)
-        self.fx.leases.add(new.lease_id)
-        self.fx.hosts.add(new.host)
-        self.fx.pools.add(new.pool)
+        fx = self.fx
+        fx.leases.add(new.lease_id)
+        fx.hosts.add(new.host)
+        fx.pools.add(new.pool)
         if to is not lease.state:
-            self.fx.transitions.append(
-                Transition(self.seq, new.lease_id, event, lease.state.value, to.value, self.at)
+            fx.transitions.append(
+                Transition(self.seq, new.lease_id, event, str(lease.state), str(to), self.at)
             )
-            if to is LeaseState.RELEASED:
+            if to is _RELEASED:
                 self._released(new.lease_id)
         return new
 
@@ -217,9 +271,9 @@ class _Step:
         self.fx.hosts.add(lease.host)
         self.fx.pools.add(lease.pool)
         self.fx.transitions.append(
-            Transition(self.seq, lease.lease_id, event, None, lease.state.value, self.at)
+            Transition(self.seq, lease.lease_id, event, None, str(lease.state), self.at)
         )
-        if lease.state is LeaseState.RELEASED:
+        if lease.state is _RELEASED:
             self._released(lease.lease_id)
 
     def exec_delete(
@@ -278,18 +332,18 @@ class _Step:
         if lease.gated and lease.awaiting_victims:
             # Its victims still run: keep booking their room until they are gone, so
             # nothing else can be admitted onto capacity that is not free yet.
-            if lease.state is not LeaseState.DELETING:
-                self.move(lease, LeaseState.DELETING, event)
+            if lease.state is not _DELETING:
+                self.move(lease, _DELETING, event)
             self.note(f"{lease.lease_id} waits for its victims before it is released")
             return
         released = self.move(
             lease,
-            LeaseState.RELEASED,
+            _RELEASED,
             event,
             suspect_revision=None,
             gate_seq=None,
             awaiting_victims=(),
-            held=Resources(),
+            held=ZERO,
             held_gpus=(),
         )
         if released.victim_of is not None:
@@ -310,7 +364,7 @@ class _Step:
             held=held,
             held_gpus=held_gpus,
         )
-        if pending.state is LeaseState.DELETING:
+        if pending.state is _DELETING:
             if not remaining:
                 self.release(pending, "victims-released")
             return
@@ -331,8 +385,8 @@ class _Step:
         host = self.state.hosts.get(host_name)
         if host is None:
             return
-        for lease in self.state.active_on_host(host_name):
-            if not lease.gated or lease.awaiting_victims or lease.state is not LeaseState.RESERVED:
+        for lease in self.state.gated_on(host_name):
+            if lease.awaiting_victims or lease.state is not _RESERVED:
                 continue
             if not host.schedulable:
                 self.note(f"gate of {lease.lease_id} stays shut: {host_name} is unschedulable")
@@ -358,13 +412,14 @@ class _Step:
             self.note(f"snapshot r{snap.revision} of {snap.host} is stale; ignored")
             return
         base = old if (old is not None and same_identity) else Host(name=snap.host, uid=snap.uid)
+        gpus = snap.gpus  # most hosts have none: skip the sort and the set then
         gpu_inputs_changed = (
             base.gpus != snap.gpus
             or base.labels != snap.labels
             or base.gpu_profile != snap.gpu_profile
             or base.gpu_revision < 0
         )
-        host = replace(
+        host = evolve_host(
             base,
             uid=snap.uid,
             snapshot_revision=snap.revision,
@@ -373,10 +428,14 @@ class _Step:
             labels=dict(snap.labels),
             capacity=snap.capacity,
             reserve=snap.reserve,
-            gpus=tuple(sorted(snap.gpus, key=lambda g: g.index)),
+            gpus=tuple(sorted(gpus, key=lambda g: g.index)) if gpus else (),
             gpu_profile=snap.gpu_profile,
             gpu_revision=snap.revision if gpu_inputs_changed else base.gpu_revision,
-            foreign_gpus=frozenset(g.index for g in snap.gpus if g.pci_address in base.foreign_pci),
+            foreign_gpus=(
+                frozenset(g.index for g in gpus if g.pci_address in base.foreign_pci)
+                if gpus and base.foreign_pci
+                else _NO_GPUS
+            ),
         )
         self.state.put_host(host)
         self.fx.hosts.add(snap.host)
@@ -428,7 +487,7 @@ class _Step:
             foreign = foreign + inst.resources
             foreign_pci.update(inst.gpus)
             foreign_names.append(inst.name)
-        host = replace(
+        host = evolve_host(
             old,
             inventory_revision=inv.revision,
             inventory_seq=self.seq,
@@ -443,7 +502,7 @@ class _Step:
         for lease in self.state.active_on_host(inv.host):
             if (
                 lease.lease_id not in seen
-                and lease.state is not LeaseState.RESERVED
+                and lease.state is not _RESERVED
                 and lease.suspect_revision is None
             ):
                 self.move(lease, lease.state, "missing", suspect_revision=inv.revision)
@@ -451,8 +510,8 @@ class _Step:
         self.check_gates(inv.host)
 
     def _observed(self, lease: Lease, inv: ev.HostInventory) -> None:
-        if lease.state is LeaseState.RESERVED and not lease.gated:
-            lease = self.move(lease, LeaseState.CREATED, "inventory")
+        if lease.state is _RESERVED and not lease.gated:
+            lease = self.move(lease, _CREATED, "inventory")
         if lease.suspect_revision is not None:
             self.move(lease, lease.state, "reappeared", suspect_revision=None)
 
@@ -463,16 +522,16 @@ class _Step:
         lease_id: LeaseId,
         pci: dict[str, Any],
     ) -> LeaseId:
-        kind = LeaseKind.WARM if inst.config.get(TAG_KIND) == "warm" else LeaseKind.COLD
+        kind = _WARM if inst.config.get(TAG_KIND) == "warm" else _COLD
         job = inst.config.get(TAG_JOB) or None
-        if kind is LeaseKind.COLD:
-            state = LeaseState.CREATED
+        if kind is _COLD:
+            state = _CREATED
         elif job is not None:
-            state = LeaseState.CLAIMED
+            state = _CLAIMED
         elif inst.status_code in (103, 113):  # Running, Ready
-            state = LeaseState.READY
+            state = _READY
         else:
-            state = LeaseState.CREATED
+            state = _CREATED
         host = self.state.hosts.get(inv.host)
         basis = runtime_basis(self.state, host) if host else (-1, None, -1)
         lease = Lease(
@@ -489,7 +548,7 @@ class _Step:
             project=inst.project,
             job=JobId(job) if job and JobId(job) not in self.state.jobs else None,
             admitted_seq=self.seq,
-            ready_seq=self.seq if state is LeaseState.READY else 0,
+            ready_seq=self.seq if state is _READY else 0,
             adopted=True,
             runtime_gpu_revision=basis[0],
             runtime_profile=basis[1],
@@ -516,19 +575,19 @@ class _Step:
             return
         action = event.action
         if action == "instance-created":
-            if lease.state is LeaseState.RESERVED and not lease.gated:
-                self.move(lease, LeaseState.CREATED, action)
+            if lease.state is _RESERVED and not lease.gated:
+                self.move(lease, _CREATED, action)
         elif action in ("instance-ready", "instance-agent-started"):
             if (
-                lease.kind is LeaseKind.WARM
+                lease.kind is _WARM
                 and lease.state
                 in (
-                    LeaseState.RESERVED,
-                    LeaseState.CREATED,
+                    _RESERVED,
+                    _CREATED,
                 )
                 and not lease.gated
             ):
-                self.move(lease, LeaseState.READY, action, ready_seq=self.seq)
+                self.move(lease, _READY, action, ready_seq=self.seq)
         elif action == "instance-deleted":
             self.release(lease, action)
         else:
@@ -675,7 +734,7 @@ class _Step:
         if result.chosen is not None:
             lease = self._reserve(cmd, pool, result.chosen.host, result.chosen.gpus)
             self.decide(cmd.request_id, verb, "admitted", lease=lease)
-            if lease.kind is LeaseKind.WARM:
+            if lease.kind is _WARM:
                 self.exec_create(lease, pool, result.chosen.host)
             return
         assert result.reason is not None
@@ -713,7 +772,7 @@ class _Step:
         if booking_count >= pool.max_instances:
             return f"pool {pool.name!r} has {booking_count} of max_instances {pool.max_instances}"
         warm = self.state.pool_warm_unclaimed.get(pool.name, 0)
-        if kind is LeaseKind.WARM and warm >= pool.warm.max_ready:
+        if kind is _WARM and warm >= pool.warm.max_ready:
             return (
                 f"pool {pool.name!r} has {warm} unclaimed warm VMs of "
                 f"max_ready {pool.warm.max_ready}"
@@ -737,7 +796,7 @@ class _Step:
             host_uid=host.uid,
             pool=pool.name,
             kind=cmd.kind,
-            state=LeaseState.RESERVED,
+            state=_RESERVED,
             demand=pool.flavor,
             gpus=gpus,
             project=pool.project,
@@ -764,7 +823,7 @@ class _Step:
         victims: tuple[Lease, ...],
     ) -> None:
         for victim in victims:
-            marked = self.move(victim, LeaseState.VICTIM, "preempted", victim_of=cmd.request_id)
+            marked = self.move(victim, _VICTIM, "preempted", victim_of=cmd.request_id)
             self.exec_delete(marked, "preempted")
         gate = tuple(v.lease_id for v in victims)
         lease = self._reserve(cmd, pool, host, gpus, gate=gate)
@@ -808,7 +867,7 @@ class _Step:
             )
             return
         chosen = min(ready, key=lambda le: (le.ready_seq, le.lease_id))
-        claimed = self.move(chosen, LeaseState.CLAIMED, verb, job=cmd.job)
+        claimed = self.move(chosen, _CLAIMED, verb, job=cmd.job)
         self.state.jobs[cmd.job] = claimed.lease_id
         self.decide(cmd.request_id, verb, "claimed", lease=claimed)
 
@@ -829,7 +888,7 @@ class _Step:
                 detail=f"lease is {lease.kind.value} and {lease.state.value}",
             )
             return
-        drained = self.move(lease, LeaseState.DRAINING, verb)
+        drained = self.move(lease, _DRAINING, verb)
         self.exec_delete(drained, "drained")
         self.decide(cmd.request_id, verb, "authorized", lease=drained)
 
@@ -844,9 +903,9 @@ class _Step:
                 detail="admission must precede every mutation",
             )
             return
-        if lease.state is LeaseState.RESERVED and not lease.gated:
-            lease = self.move(lease, LeaseState.CREATED, cmd.verb)
-        elif lease.state is not LeaseState.CREATED:
+        if lease.state is _RESERVED and not lease.gated:
+            lease = self.move(lease, _CREATED, cmd.verb)
+        elif lease.state is not _CREATED:
             detail = "launch gate still shut" if lease.gated else f"lease is {lease.state.value}"
             self.decide(
                 cmd.request_id, cmd.verb, "error", reason="wrong-state", lease=lease, detail=detail
@@ -859,7 +918,7 @@ class _Step:
         if lease is None or not lease.active:
             self.decide(cmd.request_id, cmd.verb, "error", reason="no-lease")
             return
-        if lease.state not in (LeaseState.CLAIMED, LeaseState.INJECTED):
+        if lease.state not in (_CLAIMED, _INJECTED):
             self.decide(cmd.request_id, cmd.verb, "error", reason="wrong-state", lease=lease)
             return
         if lease.job != cmd.job:
@@ -872,14 +931,14 @@ class _Step:
                 detail="claimed by another job",
             )
             return
-        if lease.state is LeaseState.CLAIMED:
-            lease = self.move(lease, LeaseState.INJECTED, cmd.verb)
+        if lease.state is _CLAIMED:
+            lease = self.move(lease, _INJECTED, cmd.verb)
         self.decide(cmd.request_id, cmd.verb, "ok", lease=lease)
 
     def on_mark_deleting(self, cmd: ev.MarkDeleting) -> None:
         lease = self.state.lease_of_instance(cmd.instance)
-        if lease is not None and lease.active and lease.state is not LeaseState.DELETING:
-            lease = self.move(lease, LeaseState.DELETING, cmd.verb)
+        if lease is not None and lease.active and lease.state is not _DELETING:
+            lease = self.move(lease, _DELETING, cmd.verb)
         self.decide(cmd.request_id, cmd.verb, "ok", lease=lease)
 
     def on_release(self, cmd: ev.Release) -> None:
@@ -908,7 +967,7 @@ class _Step:
 
 
 def _drain_refusal(lease: Lease) -> str | None:
-    if lease.kind is not LeaseKind.WARM:
+    if lease.kind is not _WARM:
         return "wrong-state"
     match lease.state:
         case LeaseState.READY:
@@ -930,10 +989,13 @@ def _rejection_detail(result: PlacementResult, cmd: ev.Admit) -> str:
     if not result.stages:
         return "no hosts are known"
     summary = ", ".join(
-        f"{n} {stage.name.lower()}" for stage, n in sorted(result.stages.items(), reverse=True)
+        f"{n} {STAGE_NAMES[stage]}" for stage, n in sorted(result.stages.items(), reverse=True)
     )
     return f"hosts by furthest filter stage reached: {summary}"
 
+
+#: the command input types: a command whose request id was decided is answered again
+_COMMANDS: frozenset[type] = frozenset(get_args(ev.Command))
 
 _HANDLERS: dict[type, Any] = {
     ev.HostSnapshot: _Step.on_snapshot,

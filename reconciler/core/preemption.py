@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from reconciler.core.frozen import fast_init
 from reconciler.core.model import (
     Host,
     Lease,
@@ -26,6 +27,7 @@ from reconciler.core.placement import Fit, HostFit, evaluate
 from reconciler.core.state import State, is_idle_ready
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Preemption:
     fit: HostFit

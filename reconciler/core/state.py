@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from reconciler.core.candidates import CandidateIndex
 from reconciler.core.expiry import ExpiryIndex
+from reconciler.core.frozen import fast_init
 from reconciler.core.model import (
     ClassName,
     GpuPolicy,
@@ -31,15 +33,30 @@ from reconciler.core.model import (
     ResourceClass,
 )
 
+_K = TypeVar("_K", bound=str)
+
+# Enum members as module constants, for the hot paths: on Python 3.11 ``LeaseState.READY``
+# goes through the enum metaclass's ``__getattr__`` hook (about 100 ns, where a global is
+# about 10 ns), and the fold tests lease states and kinds several times per input.
+_RESERVED = LeaseState.RESERVED
+_CREATED = LeaseState.CREATED
+_READY = LeaseState.READY
+_CLAIMED = LeaseState.CLAIMED
+_INJECTED = LeaseState.INJECTED
+_DRAINING = LeaseState.DRAINING
+_VICTIM = LeaseState.VICTIM
+_COLD = LeaseKind.COLD
+_WARM = LeaseKind.WARM
+
 #: warm states that count against a pool's max_ready
-WARM_UNCLAIMED = (LeaseState.RESERVED, LeaseState.CREATED, LeaseState.READY)
+WARM_UNCLAIMED = (_RESERVED, _CREATED, _READY)
 
 
 def is_idle_ready(lease: Lease) -> bool:
     """A warm VM that is booted, unclaimed and not in doubt: claimable, preemptible."""
     return (
-        lease.kind is LeaseKind.WARM
-        and lease.state is LeaseState.READY
+        lease.kind is _WARM
+        and lease.state is _READY
         and lease.job is None
         and lease.victim_of is None
         and lease.suspect_revision is None
@@ -57,37 +74,28 @@ def pool_count_of(lease: Lease) -> str | None:
     if lease.gate_seq is not None:
         return "pending_requests"
     state = lease.state
-    if state is LeaseState.VICTIM:
+    if state is _VICTIM:
         return "victims"
-    if state is LeaseState.DRAINING:
+    if state is _DRAINING:
         return "draining"
-    if state is LeaseState.CLAIMED or state is LeaseState.INJECTED:
+    if state is _CLAIMED or state is _INJECTED:
         return "claimed"
-    if lease.kind is LeaseKind.WARM and (
-        state is LeaseState.RESERVED or state is LeaseState.CREATED
-    ):
+    if lease.kind is _WARM and (state is _RESERVED or state is _CREATED):
         return "booting"
     return None
 
 
 def is_booting_warm(lease: Lease) -> bool:
     """A warm VM admitted and not ready yet: reserved or created, past its gate."""
-    return (
-        lease.kind is LeaseKind.WARM
-        and lease.state in (LeaseState.RESERVED, LeaseState.CREATED)
-        and lease.gate_seq is None
-    )
+    return lease.kind is _WARM and lease.state in (_RESERVED, _CREATED) and lease.gate_seq is None
 
 
 def is_reserved_cold(lease: Lease) -> bool:
     """A cold lease admitted (no launch gate shut) whose VM was not created yet."""
-    return (
-        lease.kind is LeaseKind.COLD
-        and lease.state is LeaseState.RESERVED
-        and lease.gate_seq is None
-    )
+    return lease.kind is _COLD and lease.state is _RESERVED and lease.gate_seq is None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Output:
     """One message to publish after commit. ``subject`` has no prefix (``out.…``)."""
@@ -99,6 +107,7 @@ class Output:
     outcome: str | None = field(default=None, compare=False)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Transition:
     """One lease transition, appended to the journal with its cause."""
@@ -112,6 +121,7 @@ class Transition:
     at: int = 0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class DecisionRecord:
     """The latest decision for a request id, kept for idempotent replies."""
@@ -211,6 +221,9 @@ class State:
     #: pool -> lease ids of warm leases still booting (reserved or created, not gated),
     #: so the boot-timeout check looks at a handful of leases, not at the whole pool
     pool_booting: dict[PoolName, set[LeaseId]] = field(default_factory=dict)
+    #: host -> lease ids of active leases waiting at a launch gate there, so a snapshot
+    #: checks its host's few gates instead of every lease on the host
+    gated_on_host: dict[HostName, set[LeaseId]] = field(default_factory=dict)
     #: host names in order (placement's iteration order), rebuilt when a host appears
     host_order: list[HostName] = field(default_factory=list)
     #: which hosts fit which request shapes, kept up to date from a log of host changes
@@ -228,6 +241,7 @@ class State:
         self.pool_warm_unclaimed = {}
         self.pool_ready = {}
         self.pool_booting = {}
+        self.gated_on_host = {}
         self.host_order = sorted(self.hosts)
         self.candidates = CandidateIndex()
         self.expiry = ExpiryIndex.of(
@@ -255,7 +269,7 @@ class State:
     def _count_host(self, lease: Lease, sign: int) -> None:
         """An active lease's share of its host: membership, and the capacity it books
         (which placement reads, so the host is logged for the candidate index)."""
-        self.candidates.touch(lease.host)
+        self.candidates.log.append(lease.host)  # candidates.touch(), without the call
         if sign > 0:
             self.on_host.setdefault(lease.host, set()).add(lease.lease_id)
         else:
@@ -282,6 +296,8 @@ class State:
         """An active lease's share of its pool's counts and warm indexes, which follow
         its state (what :meth:`_count_host` counts does not)."""
         counted = pool_count_of(lease)
+        if lease.gate_seq is not None:
+            _member(self.gated_on_host, lease.host, lease.lease_id, sign)
         if counted is not None:
             counts = self.pool_counts.setdefault(lease.pool, {})
             n = counts.get(counted, 0) + sign
@@ -289,9 +305,10 @@ class State:
                 counts[counted] = n
             else:
                 del counts[counted]
-        if lease.victim_of is not None:
+        # the warm indexes below hold warm leases only (cold ones return here, at once)
+        if lease.victim_of is not None or lease.kind is not _WARM:
             return
-        if lease.kind is LeaseKind.WARM and lease.state in WARM_UNCLAIMED:
+        if lease.state in WARM_UNCLAIMED:
             self.pool_warm_unclaimed[lease.pool] = (
                 self.pool_warm_unclaimed.get(lease.pool, 0) + sign
             )
@@ -326,6 +343,11 @@ class State:
         ids = self.on_host.get(host, ())
         return [self.leases[i] for i in sorted(ids)]
 
+    def gated_on(self, host: HostName) -> list[Lease]:
+        """The active leases on ``host`` waiting at a launch gate, by lease id."""
+        ids = self.gated_on_host.get(host)
+        return [self.leases[i] for i in sorted(ids)] if ids else []
+
     def booting_in_pool(self, pool: PoolName) -> list[Lease]:
         """The pool's booting warm leases (:func:`is_booting_warm`) that book capacity."""
         ids = self.pool_booting.get(pool, ())
@@ -338,14 +360,17 @@ def _books_alike(a: Lease, b: Lease) -> bool:
     promised away, and when booking, the same demand and GPUs."""
     if a.host != b.host or a.pool != b.pool or (a.victim_of is None) != (b.victim_of is None):
         return False
-    return a.victim_of is not None or (
-        a.booked_demand == b.booked_demand and a.booked_gpus == b.booked_gpus
-    )
+    if a.victim_of is not None:
+        return True
+    # ``is`` first: a lease evolved without a new demand keeps the same object, and a
+    # dataclass ``==`` is a Python-level call
+    da, db = a.booked_demand, b.booked_demand
+    return (da is db or da == db) and a.booked_gpus == b.booked_gpus
 
 
-def _member(index: dict[PoolName, set[LeaseId]], pool: PoolName, lid: LeaseId, sign: int) -> None:
-    """Add (+1) or remove (-1) a lease id in a per-pool index."""
-    members = index.setdefault(pool, set())
+def _member(index: dict[_K, set[LeaseId]], key: _K, lid: LeaseId, sign: int) -> None:
+    """Add (+1) or remove (-1) a lease id in a per-pool or per-host index."""
+    members = index.setdefault(key, set())
     if sign > 0:
         members.add(lid)
     else:
