@@ -19,10 +19,21 @@ import orjson
 from reconciler.core import inputs as ev
 from reconciler.core.expiry import epoch_second
 from reconciler.core.model import (
+    CLAIMED,
+    COLD,
+    CREATED,
+    DELETING,
+    DRAINING,
+    INJECTED,
+    READY,
+    RELEASED,
+    RESERVED,
     TAG_JOB,
     TAG_KIND,
     TAG_LEASE_ID,
     TAG_POOL,
+    VICTIM,
+    WARM,
     ZERO,
     ClassName,
     GpuPolicy,
@@ -66,23 +77,13 @@ from reconciler.core.state import DecisionRecord, Effects, Output, State, Transi
 _DUMP_OPTS = orjson.OPT_SORT_KEYS
 
 # Speed notes (the fold is the hot path of the live line and of replay):
-# - enum members as module constants: on Python 3.11 ``LeaseState.READY`` goes through
-#   the enum metaclass's ``__getattr__`` hook (about 100 ns, where a global is about
-#   10 ns), and the fold tests lease states and kinds several times per input;
+# - enum members as module constants (imported from model as ``READY`` and so on): on
+#   Python 3.11 ``LeaseState.READY`` goes through the enum metaclass's ``__getattr__``
+#   hook (about 100 ns, where a global is about 10 ns), and the fold tests lease states
+#   and kinds several times per input;
 # - enum values as ``str(member)``: the lease enums are ``StrEnum``s, whose ``str()`` is
 #   their value (Python's documented ``StrEnum.__str__``), a C call where ``.value`` is
 #   a Python-level descriptor (about 6 times slower).
-_RESERVED = LeaseState.RESERVED
-_CREATED = LeaseState.CREATED
-_READY = LeaseState.READY
-_CLAIMED = LeaseState.CLAIMED
-_INJECTED = LeaseState.INJECTED
-_DRAINING = LeaseState.DRAINING
-_VICTIM = LeaseState.VICTIM
-_DELETING = LeaseState.DELETING
-_RELEASED = LeaseState.RELEASED
-_COLD = LeaseKind.COLD
-_WARM = LeaseKind.WARM
 
 _NO_GPUS: frozenset[int] = frozenset()
 
@@ -250,7 +251,7 @@ class _Step:
             fx.transitions.append(
                 Transition(self.seq, new.lease_id, event, str(lease.state), str(to), self.at)
             )
-            if to is _RELEASED:
+            if to is RELEASED:
                 self._released(new.lease_id)
         return new
 
@@ -273,7 +274,7 @@ class _Step:
         self.fx.transitions.append(
             Transition(self.seq, lease.lease_id, event, None, str(lease.state), self.at)
         )
-        if lease.state is _RELEASED:
+        if lease.state is RELEASED:
             self._released(lease.lease_id)
 
     def exec_delete(
@@ -332,13 +333,13 @@ class _Step:
         if lease.gated and lease.awaiting_victims:
             # Its victims still run: keep booking their room until they are gone, so
             # nothing else can be admitted onto capacity that is not free yet.
-            if lease.state is not _DELETING:
-                self.move(lease, _DELETING, event)
+            if lease.state is not DELETING:
+                self.move(lease, DELETING, event)
             self.note(f"{lease.lease_id} waits for its victims before it is released")
             return
         released = self.move(
             lease,
-            _RELEASED,
+            RELEASED,
             event,
             suspect_revision=None,
             gate_seq=None,
@@ -364,7 +365,7 @@ class _Step:
             held=held,
             held_gpus=held_gpus,
         )
-        if pending.state is _DELETING:
+        if pending.state is DELETING:
             if not remaining:
                 self.release(pending, "victims-released")
             return
@@ -386,7 +387,7 @@ class _Step:
         if host is None:
             return
         for lease in self.state.gated_on(host_name):
-            if lease.awaiting_victims or lease.state is not _RESERVED:
+            if lease.awaiting_victims or lease.state is not RESERVED:
                 continue
             if not host.schedulable:
                 self.note(f"gate of {lease.lease_id} stays shut: {host_name} is unschedulable")
@@ -502,7 +503,7 @@ class _Step:
         for lease in self.state.active_on_host(inv.host):
             if (
                 lease.lease_id not in seen
-                and lease.state is not _RESERVED
+                and lease.state is not RESERVED
                 and lease.suspect_revision is None
             ):
                 self.move(lease, lease.state, "missing", suspect_revision=inv.revision)
@@ -510,8 +511,8 @@ class _Step:
         self.check_gates(inv.host)
 
     def _observed(self, lease: Lease, inv: ev.HostInventory) -> None:
-        if lease.state is _RESERVED and not lease.gated:
-            lease = self.move(lease, _CREATED, "inventory")
+        if lease.state is RESERVED and not lease.gated:
+            lease = self.move(lease, CREATED, "inventory")
         if lease.suspect_revision is not None:
             self.move(lease, lease.state, "reappeared", suspect_revision=None)
 
@@ -522,16 +523,16 @@ class _Step:
         lease_id: LeaseId,
         pci: dict[str, Any],
     ) -> LeaseId:
-        kind = _WARM if inst.config.get(TAG_KIND) == "warm" else _COLD
+        kind = WARM if inst.config.get(TAG_KIND) == "warm" else COLD
         job = inst.config.get(TAG_JOB) or None
-        if kind is _COLD:
-            state = _CREATED
+        if kind is COLD:
+            state = CREATED
         elif job is not None:
-            state = _CLAIMED
+            state = CLAIMED
         elif inst.status_code in (103, 113):  # Running, Ready
-            state = _READY
+            state = READY
         else:
-            state = _CREATED
+            state = CREATED
         host = self.state.hosts.get(inv.host)
         basis = runtime_basis(self.state, host) if host else (-1, None, -1)
         lease = Lease(
@@ -548,7 +549,7 @@ class _Step:
             project=inst.project,
             job=JobId(job) if job and JobId(job) not in self.state.jobs else None,
             admitted_seq=self.seq,
-            ready_seq=self.seq if state is _READY else 0,
+            ready_seq=self.seq if state is READY else 0,
             adopted=True,
             runtime_gpu_revision=basis[0],
             runtime_profile=basis[1],
@@ -575,19 +576,19 @@ class _Step:
             return
         action = event.action
         if action == "instance-created":
-            if lease.state is _RESERVED and not lease.gated:
-                self.move(lease, _CREATED, action)
+            if lease.state is RESERVED and not lease.gated:
+                self.move(lease, CREATED, action)
         elif action in ("instance-ready", "instance-agent-started"):
             if (
-                lease.kind is _WARM
+                lease.kind is WARM
                 and lease.state
                 in (
-                    _RESERVED,
-                    _CREATED,
+                    RESERVED,
+                    CREATED,
                 )
                 and not lease.gated
             ):
-                self.move(lease, _READY, action, ready_seq=self.seq)
+                self.move(lease, READY, action, ready_seq=self.seq)
         elif action == "instance-deleted":
             self.release(lease, action)
         else:
@@ -734,7 +735,7 @@ class _Step:
         if result.chosen is not None:
             lease = self._reserve(cmd, pool, result.chosen.host, result.chosen.gpus)
             self.decide(cmd.request_id, verb, "admitted", lease=lease)
-            if lease.kind is _WARM:
+            if lease.kind is WARM:
                 self.exec_create(lease, pool, result.chosen.host)
             return
         assert result.reason is not None
@@ -772,7 +773,7 @@ class _Step:
         if booking_count >= pool.max_instances:
             return f"pool {pool.name!r} has {booking_count} of max_instances {pool.max_instances}"
         warm = self.state.pool_warm_unclaimed.get(pool.name, 0)
-        if kind is _WARM and warm >= pool.warm.max_ready:
+        if kind is WARM and warm >= pool.warm.max_ready:
             return (
                 f"pool {pool.name!r} has {warm} unclaimed warm VMs of "
                 f"max_ready {pool.warm.max_ready}"
@@ -796,7 +797,7 @@ class _Step:
             host_uid=host.uid,
             pool=pool.name,
             kind=cmd.kind,
-            state=_RESERVED,
+            state=RESERVED,
             demand=pool.flavor,
             gpus=gpus,
             project=pool.project,
@@ -823,7 +824,7 @@ class _Step:
         victims: tuple[Lease, ...],
     ) -> None:
         for victim in victims:
-            marked = self.move(victim, _VICTIM, "preempted", victim_of=cmd.request_id)
+            marked = self.move(victim, VICTIM, "preempted", victim_of=cmd.request_id)
             self.exec_delete(marked, "preempted")
         gate = tuple(v.lease_id for v in victims)
         lease = self._reserve(cmd, pool, host, gpus, gate=gate)
@@ -867,7 +868,7 @@ class _Step:
             )
             return
         chosen = min(ready, key=lambda le: (le.ready_seq, le.lease_id))
-        claimed = self.move(chosen, _CLAIMED, verb, job=cmd.job)
+        claimed = self.move(chosen, CLAIMED, verb, job=cmd.job)
         self.state.jobs[cmd.job] = claimed.lease_id
         self.decide(cmd.request_id, verb, "claimed", lease=claimed)
 
@@ -888,7 +889,7 @@ class _Step:
                 detail=f"lease is {lease.kind.value} and {lease.state.value}",
             )
             return
-        drained = self.move(lease, _DRAINING, verb)
+        drained = self.move(lease, DRAINING, verb)
         self.exec_delete(drained, "drained")
         self.decide(cmd.request_id, verb, "authorized", lease=drained)
 
@@ -903,9 +904,9 @@ class _Step:
                 detail="admission must precede every mutation",
             )
             return
-        if lease.state is _RESERVED and not lease.gated:
-            lease = self.move(lease, _CREATED, cmd.verb)
-        elif lease.state is not _CREATED:
+        if lease.state is RESERVED and not lease.gated:
+            lease = self.move(lease, CREATED, cmd.verb)
+        elif lease.state is not CREATED:
             detail = "launch gate still shut" if lease.gated else f"lease is {lease.state.value}"
             self.decide(
                 cmd.request_id, cmd.verb, "error", reason="wrong-state", lease=lease, detail=detail
@@ -918,7 +919,7 @@ class _Step:
         if lease is None or not lease.active:
             self.decide(cmd.request_id, cmd.verb, "error", reason="no-lease")
             return
-        if lease.state not in (_CLAIMED, _INJECTED):
+        if lease.state not in (CLAIMED, INJECTED):
             self.decide(cmd.request_id, cmd.verb, "error", reason="wrong-state", lease=lease)
             return
         if lease.job != cmd.job:
@@ -931,14 +932,14 @@ class _Step:
                 detail="claimed by another job",
             )
             return
-        if lease.state is _CLAIMED:
-            lease = self.move(lease, _INJECTED, cmd.verb)
+        if lease.state is CLAIMED:
+            lease = self.move(lease, INJECTED, cmd.verb)
         self.decide(cmd.request_id, cmd.verb, "ok", lease=lease)
 
     def on_mark_deleting(self, cmd: ev.MarkDeleting) -> None:
         lease = self.state.lease_of_instance(cmd.instance)
-        if lease is not None and lease.active and lease.state is not _DELETING:
-            lease = self.move(lease, _DELETING, cmd.verb)
+        if lease is not None and lease.active and lease.state is not DELETING:
+            lease = self.move(lease, DELETING, cmd.verb)
         self.decide(cmd.request_id, cmd.verb, "ok", lease=lease)
 
     def on_release(self, cmd: ev.Release) -> None:
@@ -967,7 +968,7 @@ class _Step:
 
 
 def _drain_refusal(lease: Lease) -> str | None:
-    if lease.kind is not _WARM:
+    if lease.kind is not WARM:
         return "wrong-state"
     match lease.state:
         case LeaseState.READY:

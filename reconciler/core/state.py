@@ -16,6 +16,15 @@ from reconciler.core.candidates import CandidateIndex
 from reconciler.core.expiry import ExpiryIndex
 from reconciler.core.frozen import fast_init
 from reconciler.core.model import (
+    CLAIMED,
+    COLD,
+    CREATED,
+    DRAINING,
+    INJECTED,
+    READY,
+    RESERVED,
+    VICTIM,
+    WARM,
     ClassName,
     GpuPolicy,
     GpuProfile,
@@ -25,8 +34,6 @@ from reconciler.core.model import (
     JobId,
     Lease,
     LeaseId,
-    LeaseKind,
-    LeaseState,
     Pool,
     PoolName,
     RequestId,
@@ -35,28 +42,16 @@ from reconciler.core.model import (
 
 _K = TypeVar("_K", bound=str)
 
-# Enum members as module constants, for the hot paths: on Python 3.11 ``LeaseState.READY``
-# goes through the enum metaclass's ``__getattr__`` hook (about 100 ns, where a global is
-# about 10 ns), and the fold tests lease states and kinds several times per input.
-_RESERVED = LeaseState.RESERVED
-_CREATED = LeaseState.CREATED
-_READY = LeaseState.READY
-_CLAIMED = LeaseState.CLAIMED
-_INJECTED = LeaseState.INJECTED
-_DRAINING = LeaseState.DRAINING
-_VICTIM = LeaseState.VICTIM
-_COLD = LeaseKind.COLD
-_WARM = LeaseKind.WARM
 
 #: warm states that count against a pool's max_ready
-WARM_UNCLAIMED = (_RESERVED, _CREATED, _READY)
+WARM_UNCLAIMED = (RESERVED, CREATED, READY)
 
 
 def is_idle_ready(lease: Lease) -> bool:
     """A warm VM that is booted, unclaimed and not in doubt: claimable, preemptible."""
     return (
-        lease.kind is _WARM
-        and lease.state is _READY
+        lease.kind is WARM
+        and lease.state is READY
         and lease.job is None
         and lease.victim_of is None
         and lease.suspect_revision is None
@@ -74,25 +69,25 @@ def pool_count_of(lease: Lease) -> str | None:
     if lease.gate_seq is not None:
         return "pending_requests"
     state = lease.state
-    if state is _VICTIM:
+    if state is VICTIM:
         return "victims"
-    if state is _DRAINING:
+    if state is DRAINING:
         return "draining"
-    if state is _CLAIMED or state is _INJECTED:
+    if state is CLAIMED or state is INJECTED:
         return "claimed"
-    if lease.kind is _WARM and (state is _RESERVED or state is _CREATED):
+    if lease.kind is WARM and (state is RESERVED or state is CREATED):
         return "booting"
     return None
 
 
 def is_booting_warm(lease: Lease) -> bool:
     """A warm VM admitted and not ready yet: reserved or created, past its gate."""
-    return lease.kind is _WARM and lease.state in (_RESERVED, _CREATED) and lease.gate_seq is None
+    return lease.kind is WARM and lease.state in (RESERVED, CREATED) and lease.gate_seq is None
 
 
 def is_reserved_cold(lease: Lease) -> bool:
     """A cold lease admitted (no launch gate shut) whose VM was not created yet."""
-    return lease.kind is _COLD and lease.state is _RESERVED and lease.gate_seq is None
+    return lease.kind is COLD and lease.state is RESERVED and lease.gate_seq is None
 
 
 @fast_init
@@ -306,7 +301,7 @@ class State:
             else:
                 del counts[counted]
         # the warm indexes below hold warm leases only (cold ones return here, at once)
-        if lease.victim_of is not None or lease.kind is not _WARM:
+        if lease.victim_of is not None or lease.kind is not WARM:
             return
         if lease.state in WARM_UNCLAIMED:
             self.pool_warm_unclaimed[lease.pool] = (
