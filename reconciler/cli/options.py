@@ -235,8 +235,9 @@ def run_options(f: F) -> F:
                 show_default=True,
                 help="Allocations between two collections of the garbage collector's youngest "
                 "generation; CPython's 700 costs the fold about 7 % of its CPU and 100 ms "
-                "pauses once the state is large. The state loaded at start-up is also frozen "
-                "out of every collection. 0 keeps the interpreter's behaviour.",
+                "pauses once the state is large. The folded state is also frozen out of every "
+                "collection (once loaded, then at most once a second) and collected in full "
+                "once an hour. 0 keeps the interpreter's behaviour.",
             ),
         ],
     )
