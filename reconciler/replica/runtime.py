@@ -79,6 +79,11 @@ __all__ = ["Replica", "RunConfig", "StartupError", "default_replica_name"]
 logger = structlog.get_logger(__name__)
 
 
+#: how long a stopping leader waits for publishes cut short to reach the input stream
+#: before it asks for the stream's end again (:meth:`Replica._fold_to_the_stream_end`)
+_STREAM_END_SETTLE_S = 0.1
+
+
 class StartupError(RuntimeError):
     """The replica cannot start on what it found (the message says what to do)."""
 
@@ -435,18 +440,29 @@ class Replica:
         self, caches: Caches, js: JetStreamContext, within_s: float = 5.0
     ) -> None:
         """A leader that stops has cancelled its command issuers; before it stops folding
-        it folds the input stream up to its end as of now, so that the commands it issued
-        itself (top-ups, releases, verifications) are decided, and their outputs
-        published, by it rather than left undecided until the next start."""
+        it folds the input stream up to its end, so that the commands it issued itself
+        (top-ups, releases, verifications) are decided, and their outputs published, by it
+        rather than left undecided until the next start.
+
+        A command whose publish was under way when its issuer was cancelled may reach the
+        stream after the end was asked for (a clustered stream stores it once its peers
+        agree, and answers the stream's info meanwhile): the end is asked for again after
+        each fold up to it and a short settling time, until it stays where it was."""
         with anyio.move_on_after(within_s) as waited:
-            try:
-                info = await js.stream_info(self.names.in_stream)
-            except Exception as exc:  # no answer: stop with what is folded
-                self._log.info("replica.stream_end_unknown", error=repr(exc))
-                return
-            end = int(info.state.last_seq or 0)
-            while caches.committed_seq < end:  # noqa: ASYNC110 (the caches' own progress)
-                await anyio.sleep(0.02)
+            end = -1
+            while True:
+                try:
+                    info = await js.stream_info(self.names.in_stream)
+                except Exception as exc:  # no answer: stop with what is folded
+                    self._log.info("replica.stream_end_unknown", error=repr(exc))
+                    return
+                found = int(info.state.last_seq or 0)
+                if found == end:
+                    break
+                end = found
+                while caches.committed_seq < end:  # noqa: ASYNC110 (the caches' own progress)
+                    await anyio.sleep(0.02)
+                await anyio.sleep(_STREAM_END_SETTLE_S)
         if waited.cancelled_caught:
             self._log.warning(
                 "replica.stopping_behind",
