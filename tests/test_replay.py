@@ -22,20 +22,14 @@ from reconciler.core.state import Effects, State
 from reconciler.replica.replay import ReplayError, replay_into
 from reconciler.replica.replay_reading import Found, OutputReader
 from reconciler.replica.snapshots import SnapshotBucket, SnapshotPublisher, object_name
-from reconciler.store.digest import state_digest
 from reconciler.store.snapshot import read_snapshot
 from reconciler.store.sqlite import Store
 from tests import builders as b
 from tests.bus import BusClient, fast_config, running_replica
-from tests.test_snapshots import tamper
+from tests.test_snapshots import digest_of, fold_with_snapshot, tamper
 from tests.workload import mixed
 
 pytestmark = pytest.mark.timeout(120)
-
-
-async def digest_of(db: Path) -> str:
-    async with await Store.open(db) as store:
-        return state_digest(await store.load_state())
 
 
 async def test_the_child_reader_replays_what_the_in_process_one_does(
@@ -44,17 +38,7 @@ async def test_the_child_reader_replays_what_the_in_process_one_does(
     bus = BusClient(nc)
     await bus.ensure_streams()
     db = tmp_path / "rc.db"
-    load = mixed(600, seed=11)
-    half = len(load.items) // 2
-    async with running_replica(fast_config(nats_url, db, snapshot_interval_s=0)) as replica:
-        await bus.send_many(load.setup + load.items[:half])
-        await bus.wait_caught_up()
-        assert replica.store is not None
-        bucket = SnapshotBucket(bus.js, "rc")
-        taken = await SnapshotPublisher(store=replica.store, bucket=bucket, interval_s=1).take()
-        assert taken is not None
-        await bus.send_many(load.items[half:])
-        await bus.wait_caught_up()
+    taken = await fold_with_snapshot(bus, nats_url, db, mixed(600, seed=11))
     live = await digest_of(db)
     opts = ConnectOptions.from_url(nats_url, name="test-replay")
     for from_snapshot in (False, True):

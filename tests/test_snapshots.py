@@ -21,6 +21,7 @@ from reconciler.replica.snapshots import (
 )
 from reconciler.store.digest import state_digest
 from reconciler.store.snapshot import (
+    Snapshot,
     SnapshotError,
     decode_snapshot,
     read_snapshot,
@@ -28,7 +29,7 @@ from reconciler.store.snapshot import (
 )
 from reconciler.store.sqlite import Store
 from tests.bus import BusClient, fast_config, running_replica
-from tests.workload import mixed
+from tests.workload import Workload, mixed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,6 +45,22 @@ async def fold_some(bus: BusClient, nats_url: str, db: Path, commands: int, seed
     async with running_replica(fast_config(nats_url, db, snapshot_interval_s=0)):
         await bus.send_many(load.setup + load.items)
         await bus.wait_caught_up()
+
+
+async def fold_with_snapshot(bus: BusClient, nats_url: str, db: Path, load: Workload) -> Snapshot:
+    """Run one replica over ``load``: its first half, then a snapshot taken by the leader's
+    publisher, then the second half, all folded and published. The snapshot taken."""
+    half = len(load.items) // 2
+    async with running_replica(fast_config(nats_url, db, snapshot_interval_s=0)) as replica:
+        await bus.send_many(load.setup + load.items[:half])
+        await bus.wait_caught_up()
+        assert replica.store is not None
+        bucket = SnapshotBucket(bus.js, "rc")
+        taken = await SnapshotPublisher(store=replica.store, bucket=bucket, interval_s=1).take()
+        assert taken is not None
+        await bus.send_many(load.items[half:])
+        await bus.wait_caught_up()
+    return taken
 
 
 def tamper(data: bytes) -> bytes:
@@ -156,17 +173,7 @@ async def test_replay_of_an_aged_out_stream_starts_from_a_snapshot(
     bus = BusClient(nc)
     await bus.ensure_streams()
     db = tmp_path / "rc.db"
-    load = mixed(600, seed=8)
-    half = len(load.items) // 2
-    bucket = SnapshotBucket(bus.js, "rc")
-    async with running_replica(fast_config(nats_url, db, snapshot_interval_s=0)) as replica:
-        await bus.send_many(load.setup + load.items[:half])
-        await bus.wait_caught_up()
-        assert replica.store is not None
-        taken = await SnapshotPublisher(store=replica.store, bucket=bucket, interval_s=1).take()
-        assert taken is not None
-        await bus.send_many(load.items[half:])
-        await bus.wait_caught_up()
+    taken = await fold_with_snapshot(bus, nats_url, db, mixed(600, seed=8))
     live = await digest_of(db)
     whole = await replay_into(nc)
     assert whole.ok and whole.snapshot_seq == 0 and whole.digest == live
@@ -224,17 +231,7 @@ def test_the_replay_command_says_it_started_from_a_snapshot(nats_url: str, tmp_p
         try:
             bus = BusClient(nc)
             await bus.ensure_streams()
-            load = mixed(200, seed=12)
-            half = len(load.items) // 2
-            async with running_replica(fast_config(nats_url, db, snapshot_interval_s=0)) as r:
-                await bus.send_many(load.setup + load.items[:half])
-                await bus.wait_caught_up()
-                assert r.store is not None
-                bucket = SnapshotBucket(bus.js, "rc")
-                taken = await SnapshotPublisher(store=r.store, bucket=bucket, interval_s=1).take()
-                assert taken is not None
-                await bus.send_many(load.items[half:])
-                await bus.wait_caught_up()
+            taken = await fold_with_snapshot(bus, nats_url, db, mixed(200, seed=12))
             await bus.js.purge_stream("RC_IN", seq=taken.applied_seq + 1)
             return taken.applied_seq
         finally:
