@@ -61,11 +61,10 @@ import anyio
 import orjson
 import structlog
 from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
+from reconciler.bus.direct import DirectSubscription, parse_headers, status_of, subscribe_direct
 from reconciler.bus.violations import guarded
 
 __all__ = [
@@ -167,9 +166,10 @@ class InputConsumer:
         self.fetch_timeout_s = fetch_timeout_s
         self.ack_wait_s = ack_wait_s
         self.watchdog_grace_s = watchdog_grace_s
-        self._sub: Subscription | None = None
-        #: messages delivered and not yet handed out, and how many pull requests still owe
-        self._buffer: deque[Msg] = deque()
+        self._sub: DirectSubscription | None = None
+        #: messages delivered and not yet handed out (subject, ack subject, payload), and
+        #: how many pull requests still owe
+        self._buffer: deque[tuple[str, str, bytes]] = deque()
         self._owed = 0
         #: when each pull request still thought open is over for sure (its expiry, plus
         #: REQUEST_GRACE_S), oldest first
@@ -229,9 +229,8 @@ class InputConsumer:
         self._owed = 0
         self._open.clear()
         self._inbox = self._nc.new_inbox()
-        self._sub = await self._nc.subscribe(
-            self._inbox, cb=self._on_message, pending_msgs_limit=max(8 * self.batch, 4096)
-        )
+        # bounded by the pull requests made ahead (LOOKAHEAD batches), not by a queue
+        self._sub = await subscribe_direct(self._nc, self._inbox, self._on_message)
         self._pull = f"{api.DEFAULT_PREFIX}.CONSUMER.MSG.NEXT.{self.stream}.{self.durable}"
         self._broken = None
         self._next_seq = from_seq
@@ -338,16 +337,17 @@ class InputConsumer:
                 return
             await self._pull_ahead()
 
-    async def _on_message(self, msg: Msg) -> None:
-        """The deliver subject's callback: buffer messages; a status ends the request."""
-        status = msg.headers.get("Status") if msg.headers else None
+    def _on_message(self, subject: str, reply: str, data: bytes, raw: bytes | None) -> None:
+        """The deliver subject's handler (bus/direct.py): buffer messages; a status ends
+        the request."""
+        status = status_of(raw)
         if status is None:
-            self._buffer.append(msg)
+            self._buffer.append((subject, reply, data))
             self._owed = max(0, self._owed - 1)
             if self.on_arrival is not None:
                 self.on_arrival()
         elif status in _REQUEST_OVER:
-            headers = msg.headers or {}
+            headers = parse_headers(raw)
             if status == "409":
                 # refused: the durable was deleted, leadership moved, a limit was hit;
                 # never the case in normal operation, and a restart mends each of them
@@ -375,10 +375,10 @@ class InputConsumer:
             return False
         return True
 
-    async def _in_order(self, msgs: list[Msg]) -> list[Delivery]:
+    async def _in_order(self, msgs: list[tuple[str, str, bytes]]) -> list[Delivery]:
         out: list[Delivery] = []
         for msg in msgs:
-            reply = msg.reply or ""
+            reply = msg[1]
             try:
                 seq, delivered, ts = parse_ack_subject(reply)
             except ValueError:
@@ -411,14 +411,15 @@ class InputConsumer:
         return False
 
     @staticmethod
-    def _delivery(msg: Msg, seq: int, delivered: int, ts: int) -> Delivery:
+    def _delivery(msg: tuple[str, str, bytes], seq: int, delivered: int, ts: int) -> Delivery:
+        subject, reply, data = msg
         return Delivery(
-            subject=msg.subject,
-            data=msg.data,
+            subject=subject,
+            data=data,
             stream_seq=seq,
             timestamp=rfc3339_nanos(ts),
             delivered=delivered,
-            reply=msg.reply,
+            reply=reply,
         )
 
     async def ack(self, deliveries: list[Delivery]) -> None:

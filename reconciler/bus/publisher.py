@@ -31,9 +31,8 @@ from typing import Protocol
 import anyio
 import orjson
 from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 
+from reconciler.bus.direct import DirectSubscription, status_of, subscribe_direct
 from reconciler.bus.wire import Wire, supported
 
 __all__ = ["Ack", "OutputPublisher", "PublishError", "Publishable", "Round", "publish_outputs"]
@@ -137,7 +136,7 @@ class OutputPublisher:
         self.nc = nc
         self.prefix = prefix
         self._inbox = ""
-        self._sub: Subscription | None = None
+        self._sub: DirectSubscription | None = None
         self._numbers = itertools.count()
         #: reply token -> (round, index in the round)
         self._pending: dict[str, tuple[Round, int]] = {}
@@ -182,7 +181,7 @@ class OutputPublisher:
         try:
             if self._sub is None:
                 self._inbox = self.nc.new_inbox()
-                self._sub = await self.nc.subscribe(f"{self._inbox}.*", cb=self._on_answer)
+                self._sub = await subscribe_direct(self.nc, f"{self._inbox}.*", self._on_answer)
             if self._wire:
                 # the whole round as one pending command and one flush (bus/wire.py)
                 lines = Wire(self.nc)
@@ -225,20 +224,21 @@ class OutputPublisher:
         for token in round_.tokens:
             self._pending.pop(token, None)
 
-    async def _on_answer(self, msg: Msg) -> None:
-        found = self._pending.pop(msg.subject[len(self._inbox) + 1 :], None)
+    def _on_answer(self, subject: str, _reply: str, data: bytes, headers: bytes | None) -> None:
+        """The answers' handler (bus/direct.py): one per publish, a stream's ack or why not."""
+        found = self._pending.pop(subject[len(self._inbox) + 1 :], None)
         if found is None:
             return  # a late answer to a round that gave up
         round_, index = found
-        status = msg.headers.get("Status") if msg.headers else None
+        status = status_of(headers)
         if status is not None:  # 503: no stream captures the subject
             round_.error = round_.error or f"no stream answered ({status})"
-        elif _plain_pub_ack(msg.data):
+        elif _plain_pub_ack(data):
             # the usual answer: read only by publish(), when it returns the acks
-            round_.acks[index] = msg.data
+            round_.acks[index] = data
         else:
             try:
-                answer = orjson.loads(msg.data)
+                answer = orjson.loads(data)
                 if "error" in answer:
                     round_.error = round_.error or f"the stream refused: {answer['error']}"
                 else:
@@ -248,7 +248,7 @@ class OutputPublisher:
                         duplicate=bool(answer.get("duplicate", False)),
                     )
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                round_.error = round_.error or f"unreadable answer {msg.data[:200]!r}: {exc}"
+                round_.error = round_.error or f"unreadable answer {data[:200]!r}: {exc}"
         round_.waiting -= 1
         if round_.waiting == 0 or round_.error is not None:
             round_.settle()

@@ -49,11 +49,16 @@ import structlog
 from anyio.abc import ByteSendStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 
 from reconciler.bus.connection import ConnectOptions, connect
+from reconciler.bus.direct import (
+    DirectSubscription,
+    header_value,
+    parse_headers,
+    status_of,
+    subscribe_direct,
+)
 from reconciler.bus.publisher import MSG_ID
 from reconciler.bus.streams import StreamNames
 
@@ -80,6 +85,8 @@ class ReaderError(RuntimeError):
     """The reader child failed (the message says why: it could not connect, say)."""
 
 
+#: a message as received: subject, reply (ack) subject, payload, raw header block
+RawMessage = tuple[str, str, bytes, bytes | None]
 #: an output kept for the comparison: stream sequence, ``Nats-Msg-Id``, subject, payload
 Found = tuple[int, str, str, bytes]
 #: an input as read: subject, payload, stream sequence, deliveries, storage time (ns)
@@ -130,10 +137,10 @@ class StreamReader:
         self._start_time = start_time if start_seq is None else None
         self._start_seq = start_seq
         self.name = ""
-        self._sub: Subscription | None = None
+        self._sub: DirectSubscription | None = None
         self._pull = ""
         self._inbox = ""
-        self._buffer: deque[Msg] = deque()
+        self._buffer: deque[RawMessage] = deque()
         self._owed = 0
         self._arrived = anyio.Event()
         #: the stream sequence of the last message taken; the consumer sequence expected
@@ -177,25 +184,24 @@ class StreamReader:
         self._broken = False
         self._generation += 1
         self._inbox = self._nc.new_inbox()
-        self._sub = await self._nc.subscribe(
-            self._inbox,
-            cb=functools.partial(self._on_message, self._generation),
-            pending_msgs_limit=(_READ_AHEAD + 1) * self.chunk + 64,
-            pending_bytes_limit=0,  # bounded by the requests made ahead, not by bytes
+        # bounded by the requests made ahead (_READ_AHEAD chunks), not by a queue
+        self._sub = await subscribe_direct(
+            self._nc, self._inbox, functools.partial(self._on_message, self._generation)
         )
         self._pull = f"{api.DEFAULT_PREFIX}.CONSUMER.MSG.NEXT.{self.stream}.{self.name}"
         await self._pull_ahead()
 
-    async def _on_message(self, generation: int, msg: Msg) -> None:
+    def _on_message(
+        self, generation: int, subject: str, reply: str, data: bytes, headers: bytes | None
+    ) -> None:
         if generation != self._generation:
             return
-        headers = msg.headers
-        status = headers.get("Status") if headers else None
+        status = status_of(headers)
         if status is None:
-            self._buffer.append(msg)
+            self._buffer.append((subject, reply, data, headers))
             self._owed = max(0, self._owed - 1)
         elif status in _REQUEST_OVER:
-            left = (headers or {}).get("Nats-Pending-Messages")
+            left = parse_headers(headers).get("Nats-Pending-Messages")
             self._owed = max(0, self._owed - int(left)) if left and left.isdigit() else 0
             if status == "409":
                 self._broken = True
@@ -211,7 +217,7 @@ class StreamReader:
         """Have a :meth:`take` waiting for messages return (empty) at once."""
         self._arrived.set()
 
-    async def take(self) -> list[tuple[Msg, int, int, int]]:
+    async def take(self) -> list[tuple[RawMessage, int, int, int]]:
         """Up to ``chunk`` messages in order, each with ``(stream_seq, delivered,
         timestamp_ns)``; ``[]`` when none came within the timeout."""
         if self._broken or self._sub is None:
@@ -224,11 +230,11 @@ class StreamReader:
             if scope.cancelled_caught:  # the server lost the requests (a reconnect)
                 self._broken = True
                 return []
-        out: list[tuple[Msg, int, int, int]] = []
+        out: list[tuple[RawMessage, int, int, int]] = []
         buffer = self._buffer
         for _ in range(min(self.chunk, len(buffer))):
             msg = buffer.popleft()
-            tokens = (msg.reply or "").split(".")
+            tokens = msg[1].split(".")
             if len(tokens) == 9:
                 base = 4
             elif len(tokens) >= 12:
@@ -312,11 +318,10 @@ class OutputReader:
                         break  # what is not here yet is slow or lost: reported missing
                     continue
                 self._quiet_since = time.monotonic()
-                for msg, seq, _, _ in msgs:
-                    headers = msg.headers
-                    msg_id = headers.get(MSG_ID) if headers else None
+                for (subject, _, data, headers), seq, _, _ in msgs:
+                    msg_id = header_value(headers, MSG_ID)
                     if msg_id is not None:
-                        found.append((seq, msg_id, msg.subject, msg.data))
+                        found.append((seq, msg_id, subject, data))
                 if self.forward is not None and len(found) >= self.forward_every:
                     await self.forward(found[:])
                     found.clear()
@@ -368,11 +373,11 @@ class InputReader:
         last = self._last
         while self._taken < last:
             batch: list[RawInput] = []
-            for msg, seq, delivered, ts in await reader.take():
+            for (subject, _, data, _), seq, delivered, ts in await reader.take():
                 if seq > last:
                     self._taken = last
                     break
-                batch.append((msg.subject, msg.data, seq, delivered, ts))
+                batch.append((subject, data, seq, delivered, ts))
                 self._taken = seq
             if batch:
                 return batch
