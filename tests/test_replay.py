@@ -199,3 +199,22 @@ async def test_the_output_reader_hands_outputs_over_as_it_reads(
     assert len(whole.found) > 100
     assert len(handed) >= 2 and all(len(part) >= 50 for part in handed)
     assert [f for part in handed for f in part] + forwarding.found == whole.found
+
+
+async def test_the_output_reader_reads_to_the_streams_end_when_named_one_behind_it(
+    nc: Client,
+) -> None:
+    """The OUT stream's end as named once the fold is done can be behind the stream (a
+    clustered stream answering just after its leader moved): once the reader reached
+    it, it asks the end again until it stays put, and reads up to there."""
+    bus = BusClient(nc)
+    await bus.ensure_streams()
+    js = nc.jetstream()
+    names = StreamNames.for_prefix("rc")
+    for i in range(30):
+        await js.publish(f"rc.out.decision.r{i}", b"{}", headers={"Nats-Msg-Id": f"out:r{i}"})
+    reader = OutputReader(nc, js, names, chunk=8, since=None)
+    reader.until(12)  # what a stale answer would have said
+    await reader.run()
+    assert reader.last == 30
+    assert [msg_id for _, msg_id, _, _ in reader.found] == [f"out:r{i}" for i in range(30)]

@@ -15,7 +15,8 @@ Rules (docs/architecture.md, rule 2):
   in a child process when the replay knows how to connect).
 - Every output with a ``Nats-Msg-Id`` (decisions, executor commands, dead letters,
   config rejections) is compared with the OUT stream, read alongside the fold and up to
-  its last sequence as seen once the fold is done. Status messages carry no id and are
+  its last sequence as seen once the fold is done (asked again once reached, until it
+  stays put). Status messages carry no id and are
   not compared; outputs that name an input after the replayed range (``input_seq`` /
   ``stream_seq`` in their payload) are left out, since the live reconciler decided them
   after the replay began.

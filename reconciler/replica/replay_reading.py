@@ -14,13 +14,16 @@ Rules:
   reconciler.replica.replay_reading``), else on the replay's own loop
   (:class:`OutputReader`). Either keeps every output with a ``Nats-Msg-Id`` (stream
   sequence, id, subject, payload) until told the stream's last sequence once the fold
-  is done, or until nothing comes for :data:`COMPARE_STALL_S` after that.
+  is done, or until nothing comes for :data:`COMPARE_STALL_S` after that. Once it has
+  read up to that sequence it asks the stream's end again, until it stays put (at most
+  :data:`_END_RECHECKS` times), and the comparison goes to where it stopped.
 - The child's pipes carry frames of a 4-byte big-endian length then a pickle. To the
   child: the request (connection options, prefix, start time, chunk), then
   ``("in", first, last)`` (read the inputs), ``("until", out_last)`` (the OUT stream's
   last sequence), or the pipe closing (stop). Back: ``("in", inputs)`` (``None`` after
   the last), ``("found", outputs)`` as the OUT stream is read (:data:`_FORWARD_EVERY`
-  at a time), then ``("out", the rest)``, or ``("error", why)``. Its stdout is the pipe
+  at a time), then ``("out", (the rest, the last sequence read to))``, or ``("error",
+  why)``. Its stdout is the pipe
   alone (anything printed goes to stderr).
 """
 
@@ -100,6 +103,8 @@ _FORWARD_EVERY = 2000
 #: decodes the snapshot, the tail's first inputs are read (16 chunks: ~16,000 inputs)
 _CHILD_READ_AHEAD = 16
 
+#: how many times the OUT stream's end is asked again once the reader reached it
+_END_RECHECKS = 5
 #: messages per pull request of the replay's readers (at least; ``batch`` if larger)
 READ_CHUNK = 1000
 #: pull requests of a reader buffered or owed: the next deliveries are on their way
@@ -254,6 +259,10 @@ class StreamReader:
         await self._pull_ahead()
         return out
 
+    async def stream_info(self) -> api.StreamInfo:
+        """The stream's info, as the server has it now."""
+        return await self._js.stream_info(self.stream)
+
     async def _close_consumer(self) -> None:
         sub, self._sub = self._sub, None
         name, self.name = self.name, ""
@@ -307,10 +316,21 @@ class OutputReader:
 
     async def run(self) -> None:
         reader, found = self.reader, self.found
+        rechecks = 0
         try:
-            while self.last is None or reader.last_taken < self.last:
-                if self.last == 0:
-                    break
+            while True:
+                if self.last is not None and reader.last_taken >= self.last:
+                    # the end named once the fold was done may be behind the stream's (a
+                    # clustered stream's answer just after a leader moved): ask again
+                    # until it stays put
+                    if self.last == 0 or rechecks >= _END_RECHECKS:
+                        break
+                    rechecks += 1
+                    end = await self._stream_end()
+                    if end <= self.last:
+                        break
+                    logger.info("replay.out_end_moved", named=self.last, now=end)
+                    self.last = end
                 msgs = await reader.take()
                 if not msgs:
                     quiet = time.monotonic() - self._quiet_since
@@ -328,6 +348,10 @@ class OutputReader:
         finally:
             self.done.set()
             await reader.close()
+
+    async def _stream_end(self) -> int:
+        info = await self.reader.stream_info()
+        return int(info.state.last_seq or 0)
 
 
 _FRAME = struct.Struct(">I")
@@ -521,7 +545,8 @@ class ReaderProcess:
             elif kind == "found":
                 self.found.extend(value)
             elif kind == "out":
-                self.found.extend(value)
+                found, self.last = value
+                self.found.extend(found)
                 return None
             else:
                 return f"reading the streams failed: {value}"
@@ -578,7 +603,7 @@ async def _child_read(request: tuple[Any, ...], stdin: BinaryIO, answers: Binary
                         await outputs.done.wait()
                         reading.cancel_scope.cancel()  # inputs nobody takes any more
                         break
-            await send.send(_frame(("out", outputs.found)))
+            await send.send(_frame(("out", (outputs.found, outputs.last))))
             send.close()
     finally:
         cleanup.close()
