@@ -58,7 +58,7 @@ from nats.js.errors import NotFoundError
 
 from reconciler.bus.codec import Decoder
 from reconciler.bus.connection import ConnectOptions, connect
-from reconciler.bus.consumer import Delivery, InputConsumer, rfc3339_nanos
+from reconciler.bus.consumer import Delivery, InputConsumer
 from reconciler.bus.streams import StreamNames
 from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
 from reconciler.core.state import State
@@ -413,7 +413,7 @@ async def _fold_in_memory(
             assert inputs_from <= state.applied_seq + 1, "inputs started after the state"
         while (batch := await readers.take_inputs()) is not None:
             deliveries = [
-                Delivery(subject, data, seq, rfc3339_nanos(ts), delivered, "")
+                Delivery(subject, data, seq, ts, delivered, "")
                 for subject, data, seq, delivered, ts in batch
             ]
             folded = fold_deliveries(state, deliveries, decoder, prefix=prefix)

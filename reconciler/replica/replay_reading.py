@@ -55,6 +55,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext, api
 
 from reconciler.bus.connection import ConnectOptions, connect
+from reconciler.bus.consumer import rfc3339_nanos
 from reconciler.bus.direct import (
     DirectSubscription,
     header_value,
@@ -92,8 +93,9 @@ class ReaderError(RuntimeError):
 RawMessage = tuple[str, str, bytes, bytes | None]
 #: an output kept for the comparison: stream sequence, ``Nats-Msg-Id``, subject, payload
 Found = tuple[int, str, str, bytes]
-#: an input as read: subject, payload, stream sequence, deliveries, storage time (ns)
-RawInput = tuple[str, bytes, int, int, int]
+#: an input as read: subject, payload, stream sequence, deliveries, storage time (RFC
+#: 3339, as the live line's deliveries have it: made by the reader, off the fold's core)
+RawInput = tuple[str, bytes, int, int, str]
 #: frames of inputs on their way between the child's reader and the fold
 _PIPE_FRAMES = 4
 #: outputs the child hands over at a time while it reads the OUT stream: the replay takes
@@ -401,7 +403,7 @@ class InputReader:
                 if seq > last:
                     self._taken = last
                     break
-                batch.append((subject, data, seq, delivered, ts))
+                batch.append((subject, data, seq, delivered, rfc3339_nanos(ts)))
                 self._taken = seq
             if batch:
                 return batch
