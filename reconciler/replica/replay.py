@@ -266,7 +266,9 @@ async def replay_into(
                     dead_letters=dead,
                     outputs=len(produced),
                     compared=0,
-                    digest=state_digest(state),
+                    digest=state_digest(
+                        state, known=snapshot.lease_encodings if snapshot else None
+                    ),
                     snapshot_seq=snapshot_seq,
                     snapshot_digest=snapshot.digest if snapshot else None,
                     seconds=seconds,

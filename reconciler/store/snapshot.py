@@ -26,9 +26,10 @@ Rules:
   snapshot of 100,000 leases does not hold its ~60 MB in memory twice.
 - ``digest`` is :func:`~reconciler.store.digest.state_digest` of the state the snapshot
   describes (the figure ``reconciler replay`` prints), computed from the rows.
-  :func:`decode_snapshot` rebuilds the state and computes it again: a snapshot whose
-  digest does not match, or that is malformed, is refused (:class:`SnapshotError`), and
-  nothing is written.
+  :func:`decode_snapshot` rebuilds the state and computes it again, encoding every
+  entity of the state it decoded (it keeps the leases' encodings, for the digest of a
+  replay that goes on from this state): a snapshot whose digest does not match, or that
+  is malformed, is refused (:class:`SnapshotError`), and nothing is written.
 - :func:`restore_batch` turns a decoded snapshot into one store batch: every entity, every
   job binding, the unpublished outputs and the position, in one transaction.
 """
@@ -149,6 +150,10 @@ class DecodedSnapshot:
     published_seq: int
     digest: str
     outbox: list[tuple[int, bytes]] = field(default_factory=list)
+    #: every lease of ``state`` with its encoding, as the verification digest computed
+    #: it: a later :func:`~reconciler.store.digest.state_digest` of the state this one
+    #: became (``known=``) reuses those of the leases still the same objects
+    lease_encodings: dict[LeaseId, tuple[Lease, bytes]] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------ write
@@ -291,7 +296,7 @@ def _decode(data: bytes) -> DecodedSnapshot:
             _take(state, out, classes, row)
         except (orjson.JSONDecodeError, CodecError, TypeError, ValueError, KeyError) as exc:
             raise SnapshotError(f"snapshot line {number}: {exc}") from exc
-    found = state_digest(state)
+    found = state_digest(state, record=out.lease_encodings)
     if found != digest:
         raise SnapshotError(
             f"snapshot at seq {applied} is refused: its digest is {digest}, "
