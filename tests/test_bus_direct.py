@@ -120,7 +120,8 @@ def test_header_blocks_read_like_nats_py() -> None:
     blocks = [
         b"NATS/1.0\r\nNats-Msg-Id: out:r1\r\n\r\n",
         b"NATS/1.0 404 No Messages\r\n\r\n",
-        b"NATS/1.0 408 Request Timeout\r\nNats-Pending-Messages: 500\r\nNats-Pending-Bytes: 0\r\n\r\n",
+        b"NATS/1.0 408 Request Timeout\r\nNats-Pending-Messages: 500\r\n"
+        b"Nats-Pending-Bytes: 0\r\n\r\n",
         b"NATS/1.0 503\r\n\r\n",
         b"NATS/1.0\r\nA:b\r\nA: c\r\nbad name: x\r\nno colon\r\n\r\n",
     ]
