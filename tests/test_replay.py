@@ -5,6 +5,8 @@ over a real nats-server."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -218,3 +220,19 @@ async def test_the_output_reader_reads_to_the_streams_end_when_named_one_behind_
     await reader.run()
     assert reader.last == 30
     assert [msg_id for _, msg_id, _, _ in reader.found] == [f"out:r{i}" for i in range(30)]
+
+
+@pytest.mark.parametrize("flags", [["--no-websocket"], []])
+def test_the_reader_child_loads_the_websocket_client_only_when_asked(flags: list[str]) -> None:
+    """The child's start-up is paid while the snapshot is fetched: without a ``ws://``
+    server it does not import aiohttp (nats-py's WebSocket transport)."""
+    code = (
+        "import sys; from reconciler.replica import replay_child; "
+        f"replay_child.main({flags!r}); "
+        "print('websocket' if sys.modules.get('aiohttp') is not None else 'none')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], input=b"", capture_output=True, timeout=60, check=True
+    )
+    # the child's stdout is its pipe to the replay: what it prints goes to stderr
+    assert done.stderr.decode().split()[-1] == ("none" if flags else "websocket")

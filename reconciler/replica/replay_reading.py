@@ -10,8 +10,8 @@ Rules:
 - Deliveries are taken in order; one lost between server and client (the consumer's
   own sequence skips) restarts the consumer after the last one taken.
 - The OUT stream is read while the snapshot is fetched and the tail folded, in a child
-  process when the replay knows how to connect (:class:`OutputProcess`, ``python -m
-  reconciler.replica.replay_reading``), else on the replay's own loop
+  process when the replay knows how to connect (:class:`ReaderProcess`, ``python -m
+  reconciler.replica.replay_child``), else on the replay's own loop
   (:class:`OutputReader`). Either keeps every output with a ``Nats-Msg-Id`` (stream
   sequence, id, subject, payload) until told the stream's last sequence once the fold
   is done, or until nothing comes for :data:`COMPARE_STALL_S` after that. Once it has
@@ -507,8 +507,11 @@ class ReaderProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         try:
+            command = [sys.executable, "-m", "reconciler.replica.replay_child"]
+            if not any(url.startswith(("ws://", "wss://")) for url in self._request[0].urls):
+                command.append("--no-websocket")
             async with await anyio.open_process(
-                [sys.executable, "-m", __name__], stdin=-1, stdout=-1, stderr=None, env=env
+                command, stdin=-1, stdout=-1, stderr=None, env=env
             ) as proc:
                 assert proc.stdin is not None and proc.stdout is not None
                 self._stdin = proc.stdin
@@ -618,8 +621,9 @@ def _write(pipe: BinaryIO, data: bytes) -> None:
     pipe.flush()
 
 
-def _child() -> None:
-    """The child's main: its stdout is the pipe to the replay, nothing else."""
+def child_main() -> None:
+    """The child's main (:mod:`reconciler.replica.replay_child`): its stdout is the pipe
+    to the replay, nothing else."""
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     # the replay reports; its reader only warns (a lost delivery, a consumer not deleted)
@@ -636,7 +640,3 @@ def _child() -> None:
     except Exception as exc:
         _write(answers, _frame(("error", repr(exc))))
     answers.close()
-
-
-if __name__ == "__main__":
-    _child()
