@@ -101,6 +101,8 @@ _PIPE_FRAMES = 4
 #: outputs the child hands over at a time while it reads the OUT stream: the replay takes
 #: them in during the fold, instead of all of them (and their unpickling) at its end
 _FORWARD_EVERY = 2000
+#: frames of inputs queued for the fold below which the child reads no outputs
+_INPUTS_WANTED = 2
 #: frames of inputs the child reads ahead of the fold: while the replay fetches and
 #: decodes the snapshot, the tail's first inputs are read (16 chunks: ~16,000 inputs)
 _CHILD_READ_AHEAD = 16
@@ -298,6 +300,7 @@ class OutputReader:
         since: dt.datetime | None,
         forward: Callable[[list[Found]], Awaitable[None]] | None = None,
         forward_every: int = 0,
+        pace: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.head = f"{names.prefix}."
         self.reader = StreamReader(nc, js, stream=names.out_stream, chunk=chunk, start_time=since)
@@ -307,6 +310,9 @@ class OutputReader:
         #: :data:`_FORWARD_EVERY`) at a time
         self.forward = forward
         self.forward_every = forward_every or _FORWARD_EVERY
+        #: awaited before each read while the stream's end is not named yet: lets
+        #: something more urgent go first (the child's reading of the inputs)
+        self.pace = pace
         self.last: int | None = None
         self.done = anyio.Event()
         self._quiet_since = time.monotonic()
@@ -333,6 +339,8 @@ class OutputReader:
                         break
                     logger.info("replay.out_end_moved", named=self.last, now=end)
                     self.last = end
+                if self.pace is not None and self.last is None:
+                    await self.pace()
                 msgs = await reader.take()
                 if not msgs:
                     quiet = time.monotonic() - self._quiet_since
@@ -557,6 +565,32 @@ class ReaderProcess:
                 return f"reading the streams failed: {value}"
 
 
+class _InputsQueued:
+    """Frames of inputs on their way to the replay's fold: while fewer than
+    :data:`_INPUTS_WANTED` are, the OUT stream's reader waits (:meth:`enough`), so that
+    the child's core parses the inputs the fold is about to need first and the outputs,
+    needed only at the end, in the time left over."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.reading = False
+        self._changed = anyio.Event()
+
+    def change(self, by: int) -> None:
+        self.count += by
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def stop(self) -> None:
+        """Nothing more to wait for: the outputs are read on regardless."""
+        self.reading = False
+        self.change(0)
+
+    async def enough(self) -> None:
+        while self.reading and self.count < _INPUTS_WANTED:
+            await self._changed.wait()
+
+
 async def _child_read(request: tuple[Any, ...], stdin: BinaryIO, answers: BinaryIO) -> None:
     opts, prefix, since, chunk = request
     nc = await connect(opts)
@@ -564,30 +598,38 @@ async def _child_read(request: tuple[Any, ...], stdin: BinaryIO, answers: Binary
     try:
         js = nc.jetstream()
         names = StreamNames.for_prefix(prefix)
-        send, receive = anyio.create_memory_object_stream[bytes](_CHILD_READ_AHEAD)
+        send, receive = anyio.create_memory_object_stream[tuple[bool, bytes]](_CHILD_READ_AHEAD)
+        inputs_queued = _InputsQueued()
 
         async def forward(found: list[Found]) -> None:
-            await send.send(_frame(("found", found)))
+            await send.send((False, _frame(("found", found))))
 
-        outputs = OutputReader(nc, js, names, chunk=chunk, since=since, forward=forward)
+        outputs = OutputReader(
+            nc, js, names, chunk=chunk, since=since, forward=forward, pace=inputs_queued.enough
+        )
         cleanup.callback(send.close)
         cleanup.callback(receive.close)
 
         async def write() -> None:
             async with receive:
-                async for frame in receive:
+                async for is_input, frame in receive:
                     await anyio.to_thread.run_sync(_write, answers, frame)
+                    if is_input:
+                        inputs_queued.change(-1)
 
         async def read_inputs(from_seq: int, last: int) -> None:
             inputs = InputReader(nc, js, names, chunk=chunk)
             await inputs.start_inputs(from_seq, last)
+            inputs_queued.reading = True
             try:
                 while True:
                     batch = await inputs.take_inputs()
-                    await send.send(_frame(("in", batch)))
+                    inputs_queued.change(+1)
+                    await send.send((True, _frame(("in", batch))))
                     if batch is None:
                         return
             finally:
+                inputs_queued.stop()
                 await inputs.close_inputs()
 
         async with anyio.create_task_group() as tg:
@@ -605,10 +647,11 @@ async def _child_read(request: tuple[Any, ...], stdin: BinaryIO, answers: Binary
                         reading.start_soon(read_inputs, command[1], command[2])
                     elif command[0] == "until":
                         outputs.until(command[1])
+                        inputs_queued.stop()  # the outputs are wanted now, whatever is left
                         await outputs.done.wait()
                         reading.cancel_scope.cancel()  # inputs nobody takes any more
                         break
-            await send.send(_frame(("out", (outputs.found, outputs.last))))
+            await send.send((False, _frame(("out", (outputs.found, outputs.last)))))
             send.close()
     finally:
         cleanup.close()
