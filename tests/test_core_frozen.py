@@ -97,6 +97,7 @@ def test_the_fast_init_builds_what_the_dataclass_builds(cls: type[Any]) -> None:
     fields = dataclasses.fields(cls)
     values = [object() for _ in fields]
     built = cls(*values)
+    assert type(built) is cls
     assert [getattr(built, f.name) for f in fields] == values
     by_name = cls(**{f.name: v for f, v in zip(fields, values, strict=True)})
     assert [getattr(by_name, f.name) for f in fields] == values
@@ -137,11 +138,42 @@ def test_frozen_generators_refuse_what_they_cannot_copy_exactly() -> None:
         x: int
         y: int = dataclasses.field(init=False, default=0)
 
-    for cls in (Posted, Thawed, Derived):
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Private:
+        _cls: int
+
+    for cls in (Posted, Thawed, Derived, Private):
         with pytest.raises(TypeError):
             frozen.fast_init(cls)
         with pytest.raises(TypeError):
             frozen.evolver(cls)
+
+
+def test_the_fast_init_builds_a_subclass_too() -> None:
+    """A subclass (with slots of its own, so another layout) is built field by field."""
+
+    @frozen.fast_init
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Base:
+        a: int
+        b: int
+        c: int = 3
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Sub(Base):
+        d: int = 4
+
+        def __init__(self, a: int, b: int, d: int) -> None:
+            Base.__init__(self, a, b)
+            object.__setattr__(self, "d", d)
+
+    sub = Sub(1, 2, 5)
+    assert type(sub) is Sub
+    assert (sub.a, sub.b, sub.c, sub.d) == (1, 2, 3, 5)
+    base = Base(1, 2)
+    assert type(base) is Base and (base.a, base.b, base.c) == (1, 2, 3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        base.a = 2  # type: ignore[misc]
 
 
 LEASE = Lease(
@@ -168,7 +200,10 @@ LEASE = Lease(
 def test_evolve_host_is_replace(changes: dict[str, Any]) -> None:
     host = Host(name=HostName("h1"), uid="u1", labels={"zone": "a"}, capacity=Resources(8, 8, 8))
     evolved = evolve_host(host, **changes)
+    assert type(evolved) is Host
     assert evolved == dataclasses.replace(host, **changes)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        evolved.uid = "u3"  # type: ignore[misc]
     assert evolved is not host
     with pytest.raises(TypeError, match="no field 'colour'"):
         evolve_host(host, colour="blue")
