@@ -6,7 +6,8 @@
 - ``frozen.evolver`` is ``dataclasses.replace``;
 - placement's integer scorer is ``evaluate`` then ``_room``;
 - a decision's lease, built in sorted key order, is ``Lease.as_dict()``;
-- the launch-gate index holds exactly the gated active leases.
+- the launch-gate index holds exactly the gated active leases;
+- the lease indexes follow the predicates and properties they spell out.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import random
+from collections import Counter
 from typing import Any
 
 import orjson
@@ -38,6 +40,7 @@ from reconciler.core.model import (
 )
 from reconciler.core.state import State
 from tests import builders as b
+from tests.test_fold_golden import Rich
 
 
 def _frozen_classes() -> list[type[Any]]:
@@ -291,3 +294,57 @@ def test_the_gate_index_holds_the_gated_active_leases() -> None:
     assert st.gated_on(HostName("h1")) == scanned() != []
     fleet.send(b.snapshot("h1", revision=2, cpu=8, memory_mib=16384, disk_gib=100))
     assert st.gated_on(HostName("h1")) == scanned() == []
+
+
+def test_the_lease_indexes_follow_the_predicates_they_spell_out() -> None:
+    """``State._count_host``/``_count_pool`` inline ``booked_demand``, ``booked_gpus``,
+    :func:`~reconciler.core.state.pool_count_of`, ``is_idle_ready`` and
+    ``is_booting_warm``: their indexes are what a scan with those gives, all along the
+    golden test's rich stream (GPUs, preemption and gates, adoption, suspects, claims)."""
+    rich = Rich(3)
+    rich.setup()
+    for step in range(2000):
+        rich.step()
+        if step % 25:
+            continue
+        st = rich.state
+        active = [le for le in st.leases.values() if le.active]
+        booking = [le for le in active if le.books_capacity]
+        assert {k: v for k, v in st.pool_counts.items() if v} == _grouped(
+            (le.pool, c) for le in active if (c := state.pool_count_of(le)) is not None
+        )
+        assert {k: v for k, v in st.pool_ready.items() if v} == _members(
+            le for le in active if state.is_idle_ready(le)
+        )
+        assert {k: v for k, v in st.pool_booting.items() if v} == _members(
+            le for le in active if state.is_booting_warm(le) and le.victim_of is None
+        )
+        booked: dict[str, list[int]] = {}
+        for le in booking:
+            row = booked.setdefault(le.host, [0, 0, 0])
+            d = le.booked_demand
+            row[0] += d.cpu
+            row[1] += d.memory_mib
+            row[2] += d.disk_gib
+        assert {k: v for k, v in st.booked.items() if any(v)} == {
+            k: v for k, v in booked.items() if any(v)
+        }
+        assert {k: v for k, v in st.gpus_held.items() if v} == {
+            h: dict(Counter(ix for le in booking if le.host == h for ix in le.booked_gpus))
+            for h in {le.host for le in booking if le.booked_gpus}
+        }
+
+
+def _grouped(pairs: Any) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for pool, key in pairs:
+        counts = out.setdefault(pool, {})
+        counts[key] = counts.get(key, 0) + 1
+    return out
+
+
+def _members(leases: Any) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for le in leases:
+        out.setdefault(le.pool, set()).add(le.lease_id)
+    return out
