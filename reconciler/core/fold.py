@@ -17,7 +17,7 @@ from typing import Any, get_args
 import orjson
 
 from reconciler.core import inputs as ev
-from reconciler.core.expiry import epoch_second
+from reconciler.core.expiry import SECONDS_SEEN, epoch_second
 from reconciler.core.model import (
     CLAIMED,
     COLD,
@@ -130,16 +130,27 @@ def lease_payload(lease: Lease) -> dict[str, object]:
 
 def fold(state: State, message: ev.Message, fx: Effects | None = None) -> Effects:
     """Apply one message. Skipped (no effects) when at or below the applied position."""
-    if fx is None:
-        fx = Effects()
-    seq = message.seq
+    return fold_input(
+        state, message.seq, message.timestamp, message.input, Effects() if fx is None else fx
+    )
+
+
+def fold_input(state: State, seq: int, timestamp: str, item: ev.Input, fx: Effects) -> Effects:
+    """:func:`fold` of a message given by its parts (sequence, stream time, input), for
+    a caller that has them apart: the caches fold each input they decode this way,
+    without a :class:`~reconciler.core.inputs.Message` built for it."""
     if seq <= state.applied_seq:
         return fx
-    item = message.input
     handler = _HANDLERS.get(type(item))
-    step = _Step(state, seq, message.timestamp, fx)
-    if step.now is not None and state.decision_retention_s is not None:
-        evict_expired(state, step.now, fx)
+    step = _Step(state, seq, timestamp, fx)
+    now = step.now
+    retention = state.decision_retention_s
+    if now is not None and retention is not None:
+        # evict_expired() when something is due (the expiry index's own test, inlined):
+        # most steps have nothing to evict
+        due = state.expiry.seconds
+        if due and due[0] <= now - retention:
+            evict_expired(state, now, fx)
     if handler is None:  # pragma: no cover - every input type is registered
         raise TypeError(f"no handler for {type(item).__name__}")
     # a set lookup on the exact type rather than isinstance() against the Command union
@@ -164,14 +175,18 @@ def fold_batch(state: State, messages: Iterable[ev.Message]) -> Effects:
 class _Step:
     """One message being folded; a small object so helpers share seq, time and effects."""
 
-    __slots__ = ("fx", "now", "seq", "state", "ts")
+    __slots__ = ("at", "fx", "now", "seq", "state", "ts")
 
     def __init__(self, state: State, seq: int, timestamp: str, fx: Effects) -> None:
         self.state = state
         self.seq = seq
         self.ts = timestamp
-        #: the stream time in whole seconds (retention), None for a timestamp without one
-        self.now = epoch_second(timestamp)
+        #: the stream time in whole seconds (retention), None for a timestamp without one;
+        #: epoch_second()'s cache read first, as most inputs share their second with others
+        now = SECONDS_SEEN.get(timestamp[:19])
+        self.now = now if now is not None else epoch_second(timestamp)
+        #: the journal's time of this step: its stream second, 0 when it has none
+        self.at = self.now if self.now is not None else 0
         self.fx = fx
 
     # ------------------------------------------------------------------ helpers
@@ -254,11 +269,6 @@ class _Step:
             if to is RELEASED:
                 self._released(new.lease_id)
         return new
-
-    @property
-    def at(self) -> int:
-        """The journal's time of this step: its stream second, 0 when it has none."""
-        return self.now if self.now is not None else 0
 
     def _released(self, lease_id: LeaseId) -> None:
         """File a lease just released for eviction after the retention."""
@@ -1017,4 +1027,4 @@ _HANDLERS: dict[type, Any] = {
     ev.RenderRuntime: _Step.on_render_runtime,
 }
 
-__all__ = ["encode", "fold", "fold_batch"]
+__all__ = ["encode", "fold", "fold_batch", "fold_input"]
