@@ -7,6 +7,7 @@
 - placement's integer scorer is ``evaluate`` then ``_room``;
 - a decision's lease, built in sorted key order, is ``Lease.as_dict()``;
 - the launch-gate index holds exactly the gated active leases;
+- ``choose_host`` answers what ``place`` does;
 - the lease indexes follow the predicates and properties they spell out.
 """
 
@@ -348,3 +349,31 @@ def _members(leases: Any) -> dict[str, set[str]]:
     for le in leases:
         out.setdefault(le.pool, set()).add(le.lease_id)
     return out
+
+
+def test_choose_host_is_what_place_chooses() -> None:
+    """The fold admits through ``placement.choose_host``, which leaves the winner's
+    HostFit unbuilt: it names the host and GPUs ``place`` chooses, or gives the same
+    result when nothing fits (pools with claims and selectors, along the rich stream)."""
+    rich = Rich(4)
+    rich.setup()
+    compared = 0
+    for step in range(1500):
+        rich.step()
+        if step % 50:
+            continue
+        st = rich.state
+        for pool in st.pools.values():
+            try:
+                claims = placement.resolve_claims(st, placement.merge_claims(pool, ()))
+            except placement.ClaimError:
+                continue
+            for selected in (None, *st.host_order[:2]):
+                full = placement.place(st, pool, pool.flavor, claims, selected=selected)
+                found = placement.choose_host(st, pool, pool.flavor, claims, selected=selected)
+                if full.chosen is None:
+                    assert found == full
+                else:
+                    assert found == (full.chosen.host, full.chosen.gpus)
+                compared += 1
+    assert compared > 100

@@ -60,8 +60,8 @@ from reconciler.core.placement import (
     PlacementResult,
     booking,
     capacity_bound,
+    choose_host,
     merge_claims,
-    place,
     resolve_claims,
 )
 from reconciler.core.preemption import choose_victims
@@ -741,12 +741,13 @@ class _Step:
         except ClaimError as exc:
             self.decide(cmd.request_id, verb, "rejected", reason="invalid-claim", detail=str(exc))
             return
-        result = place(self.state, pool, pool.flavor, claims, selected=cmd.host)
-        if result.chosen is not None:
-            lease = self._reserve(cmd, pool, result.chosen.host, result.chosen.gpus)
+        result = choose_host(self.state, pool, pool.flavor, claims, selected=cmd.host)
+        if not isinstance(result, PlacementResult):
+            host, gpus = result
+            lease = self._reserve(cmd, pool, host, gpus)
             self.decide(cmd.request_id, verb, "admitted", lease=lease)
             if lease.kind is WARM:
-                self.exec_create(lease, pool, result.chosen.host)
+                self.exec_create(lease, pool, host)
             return
         assert result.reason is not None
         if cmd.preemptible and result.reason in (
