@@ -102,10 +102,11 @@ class CandidateIndex:
             stage, value = score(name)
             counter += 1
             old = stages.get(name)
-            if old is not None:
-                stage_counts[old] -= 1
-            stages[name] = stage
-            stage_counts[stage] = stage_counts.get(stage, 0) + 1
+            if old != stage:  # most hosts stay at their stage
+                if old is not None:
+                    stage_counts[old] -= 1
+                stages[name] = stage
+                stage_counts[stage] = stage_counts.get(stage, 0) + 1
             if value is None:
                 stamps.pop(name, None)
             else:

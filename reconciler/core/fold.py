@@ -49,6 +49,7 @@ from reconciler.core.model import (
     Pool,
     PoolName,
     RequestId,
+    ResolvedClaim,
     ResourceClass,
     Resources,
     evolve_host,
@@ -736,11 +737,14 @@ class _Step:
         if at_max is not None:
             self.decide(cmd.request_id, verb, "rejected", reason="pool-at-max", detail=at_max)
             return
-        try:
-            claims = resolve_claims(self.state, merge_claims(pool, cmd.claims))
-        except ClaimError as exc:
-            self.decide(cmd.request_id, verb, "rejected", reason="invalid-claim", detail=str(exc))
-            return
+        claims: list[ResolvedClaim] = []
+        if pool.claims or cmd.claims:  # most requests have none to merge and resolve
+            try:
+                claims = resolve_claims(self.state, merge_claims(pool, cmd.claims))
+            except ClaimError as exc:
+                detail = str(exc)
+                self.decide(cmd.request_id, verb, "rejected", reason="invalid-claim", detail=detail)
+                return
         result = choose_host(self.state, pool, pool.flavor, claims, selected=cmd.host)
         if not isinstance(result, PlacementResult):
             host, gpus = result
