@@ -105,7 +105,8 @@ def encode(payload: dict[str, Any]) -> bytes:
 def lease_payload(lease: Lease) -> dict[str, object]:
     """``lease.as_dict()`` with its keys, and its demand's, in sorted order: what a
     decision carries, ready for orjson to write without sorting (a test keeps the two
-    the same)."""
+    the same). Its kind and state are the enum members themselves: orjson writes a str
+    subclass (a ``StrEnum`` member) as its string, and they compare equal to it."""
     out: dict[str, object] = {"adopted": True} if lease.adopted else {}
     if lease.gate_seq is not None:
         out["awaiting_victims"] = list(lease.awaiting_victims)
@@ -117,10 +118,10 @@ def lease_payload(lease: Lease) -> dict[str, object]:
     out["instance"] = lease.instance
     if lease.job is not None:
         out["job"] = lease.job
-    out["kind"] = str(lease.kind)
+    out["kind"] = lease.kind
     out["lease_id"] = lease.lease_id
     out["pool"] = lease.pool
-    out["state"] = str(lease.state)
+    out["state"] = lease.state
     if lease.suspect_revision is not None:
         out["suspect"] = True
     return out

@@ -390,8 +390,16 @@ def _books_alike(a: Lease, b: Lease) -> bool:
         return False
     if a.victim_of is not None:
         return True
-    # ``is`` first: a lease evolved without a new demand keeps the same object, and a
-    # dataclass ``==`` is a Python-level call
+    # ``is`` first: a lease evolved without a new demand keeps the same objects (then
+    # the properties below, Python-level calls, would give the same), and a dataclass
+    # ``==`` is a Python-level call
+    if (
+        a.demand is b.demand
+        and a.held is b.held
+        and a.gpus is b.gpus
+        and a.held_gpus is b.held_gpus
+    ):
+        return True
     da, db = a.booked_demand, b.booked_demand
     return (da is db or da == db) and a.booked_gpus == b.booked_gpus
 
