@@ -12,7 +12,7 @@ import pytest
 from nats.aio.client import Client
 
 import reconciler.replica.caches as caches_module
-from reconciler.core.inputs import Message
+from reconciler.core.inputs import Input
 from reconciler.core.state import Effects, State
 from reconciler.store.digest import state_digest
 from reconciler.store.sqlite import Store
@@ -69,17 +69,17 @@ async def test_a_fold_bug_dead_letters_that_input_and_the_line_goes_on(
     merged: bool,
     chunk: int | None,
 ) -> None:
-    real_fold = caches_module.fold
+    real_fold = caches_module.fold_input
     if chunk is not None:  # a5 is folded in a later chunk of its batch
         monkeypatch.setattr(caches_module, "FOLD_CHUNK", chunk)
 
-    def buggy_fold(state: State, message: Message, fx: Effects | None = None) -> Effects:
-        if getattr(message.input, "request_id", None) == "a5":
+    def buggy_fold(state: State, seq: int, timestamp: str, item: Input, fx: Effects) -> Effects:
+        if getattr(item, "request_id", None) == "a5":
             state.hosts.clear()  # half-changed, then the bug
             raise RuntimeError("a bug in the fold")
-        return real_fold(state, message, fx)
+        return real_fold(state, seq, timestamp, item, fx)
 
-    monkeypatch.setattr(caches_module, "fold", buggy_fold)
+    monkeypatch.setattr(caches_module, "fold_input", buggy_fold)
     bus = BusClient(nc)
     db = tmp_path / "rc.db"
     if chunk is not None:  # all in the stream first: one fetch, folded chunk by chunk

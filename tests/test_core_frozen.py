@@ -6,7 +6,9 @@
 - ``frozen.evolver`` is ``dataclasses.replace``;
 - placement's integer scorer is ``evaluate`` then ``_room``;
 - a decision's lease, built in sorted key order, is ``Lease.as_dict()``;
-- the launch-gate index holds exactly the gated active leases.
+- the launch-gate index holds exactly the gated active leases;
+- ``choose_host`` answers what ``place`` does;
+- the lease indexes follow the predicates and properties they spell out.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import random
+from collections import Counter
 from typing import Any
 
 import orjson
@@ -38,6 +41,7 @@ from reconciler.core.model import (
 )
 from reconciler.core.state import State
 from tests import builders as b
+from tests.test_fold_golden import Rich
 
 
 def _frozen_classes() -> list[type[Any]]:
@@ -97,6 +101,7 @@ def test_the_fast_init_builds_what_the_dataclass_builds(cls: type[Any]) -> None:
     fields = dataclasses.fields(cls)
     values = [object() for _ in fields]
     built = cls(*values)
+    assert type(built) is cls
     assert [getattr(built, f.name) for f in fields] == values
     by_name = cls(**{f.name: v for f, v in zip(fields, values, strict=True)})
     assert [getattr(by_name, f.name) for f in fields] == values
@@ -137,11 +142,42 @@ def test_frozen_generators_refuse_what_they_cannot_copy_exactly() -> None:
         x: int
         y: int = dataclasses.field(init=False, default=0)
 
-    for cls in (Posted, Thawed, Derived):
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Private:
+        _cls: int
+
+    for cls in (Posted, Thawed, Derived, Private):
         with pytest.raises(TypeError):
             frozen.fast_init(cls)
         with pytest.raises(TypeError):
             frozen.evolver(cls)
+
+
+def test_the_fast_init_builds_a_subclass_too() -> None:
+    """A subclass (with slots of its own, so another layout) is built field by field."""
+
+    @frozen.fast_init
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Base:
+        a: int
+        b: int
+        c: int = 3
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Sub(Base):
+        d: int = 4
+
+        def __init__(self, a: int, b: int, d: int) -> None:
+            Base.__init__(self, a, b)
+            object.__setattr__(self, "d", d)
+
+    sub = Sub(1, 2, 5)
+    assert type(sub) is Sub
+    assert (sub.a, sub.b, sub.c, sub.d) == (1, 2, 3, 5)
+    base = Base(1, 2)
+    assert type(base) is Base and (base.a, base.b, base.c) == (1, 2, 3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        base.a = 2  # type: ignore[misc]
 
 
 LEASE = Lease(
@@ -168,7 +204,10 @@ LEASE = Lease(
 def test_evolve_host_is_replace(changes: dict[str, Any]) -> None:
     host = Host(name=HostName("h1"), uid="u1", labels={"zone": "a"}, capacity=Resources(8, 8, 8))
     evolved = evolve_host(host, **changes)
+    assert type(evolved) is Host
     assert evolved == dataclasses.replace(host, **changes)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        evolved.uid = "u3"  # type: ignore[misc]
     assert evolved is not host
     with pytest.raises(TypeError, match="no field 'colour'"):
         evolve_host(host, colour="blue")
@@ -193,6 +232,9 @@ def test_lease_payload_is_as_dict_in_sorted_order() -> None:
         lease = evolve_lease(LEASE, **changes)
         built = lease_payload(lease)
         assert built == lease.as_dict()
+        assert orjson.dumps(built) == orjson.dumps(
+            {k: str(v) if isinstance(v, str) else v for k, v in built.items()}
+        )
         assert orjson.dumps(built) == orjson.dumps(lease.as_dict(), option=orjson.OPT_SORT_KEYS)
 
 
@@ -256,3 +298,85 @@ def test_the_gate_index_holds_the_gated_active_leases() -> None:
     assert st.gated_on(HostName("h1")) == scanned() != []
     fleet.send(b.snapshot("h1", revision=2, cpu=8, memory_mib=16384, disk_gib=100))
     assert st.gated_on(HostName("h1")) == scanned() == []
+
+
+def test_the_lease_indexes_follow_the_predicates_they_spell_out() -> None:
+    """``State._count_host``/``_count_pool`` inline ``booked_demand``, ``booked_gpus``,
+    :func:`~reconciler.core.state.pool_count_of`, ``is_idle_ready`` and
+    ``is_booting_warm``: their indexes are what a scan with those gives, all along the
+    golden test's rich stream (GPUs, preemption and gates, adoption, suspects, claims)."""
+    rich = Rich(3)
+    rich.setup()
+    for step in range(2000):
+        rich.step()
+        if step % 25:
+            continue
+        st = rich.state
+        active = [le for le in st.leases.values() if le.active]
+        booking = [le for le in active if le.books_capacity]
+        assert {k: v for k, v in st.pool_counts.items() if v} == _grouped(
+            (le.pool, c) for le in active if (c := state.pool_count_of(le)) is not None
+        )
+        assert {k: v for k, v in st.pool_ready.items() if v} == _members(
+            le for le in active if state.is_idle_ready(le)
+        )
+        assert {k: v for k, v in st.pool_booting.items() if v} == _members(
+            le for le in active if state.is_booting_warm(le) and le.victim_of is None
+        )
+        booked: dict[str, list[int]] = {}
+        for le in booking:
+            row = booked.setdefault(le.host, [0, 0, 0])
+            d = le.booked_demand
+            row[0] += d.cpu
+            row[1] += d.memory_mib
+            row[2] += d.disk_gib
+        assert {k: v for k, v in st.booked.items() if any(v)} == {
+            k: v for k, v in booked.items() if any(v)
+        }
+        assert {k: v for k, v in st.gpus_held.items() if v} == {
+            h: dict(Counter(ix for le in booking if le.host == h for ix in le.booked_gpus))
+            for h in {le.host for le in booking if le.booked_gpus}
+        }
+
+
+def _grouped(pairs: Any) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for pool, key in pairs:
+        counts = out.setdefault(pool, {})
+        counts[key] = counts.get(key, 0) + 1
+    return out
+
+
+def _members(leases: Any) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for le in leases:
+        out.setdefault(le.pool, set()).add(le.lease_id)
+    return out
+
+
+def test_choose_host_is_what_place_chooses() -> None:
+    """The fold admits through ``placement.choose_host``, which leaves the winner's
+    HostFit unbuilt: it names the host and GPUs ``place`` chooses, or gives the same
+    result when nothing fits (pools with claims and selectors, along the rich stream)."""
+    rich = Rich(4)
+    rich.setup()
+    compared = 0
+    for step in range(1500):
+        rich.step()
+        if step % 50:
+            continue
+        st = rich.state
+        for pool in st.pools.values():
+            try:
+                claims = placement.resolve_claims(st, placement.merge_claims(pool, ()))
+            except placement.ClaimError:
+                continue
+            for selected in (None, *st.host_order[:2]):
+                full = placement.place(st, pool, pool.flavor, claims, selected=selected)
+                found = placement.choose_host(st, pool, pool.flavor, claims, selected=selected)
+                if full.chosen is None:
+                    assert found == full
+                else:
+                    assert found == (full.chosen.host, full.chosen.gpus)
+                compared += 1
+    assert compared > 100

@@ -19,7 +19,7 @@ import reconciler.replica.caches as caches_module
 import reconciler.replica.replay as replay_module
 from reconciler.bus.connection import ConnectOptions
 from reconciler.bus.streams import StreamNames
-from reconciler.core.inputs import Message
+from reconciler.core.inputs import Input
 from reconciler.core.state import Effects, State
 from reconciler.replica.replay import ReplayError, replay_into
 from reconciler.replica.replay_reading import Found, OutputReader
@@ -88,15 +88,15 @@ async def test_a_divergence_is_found_by_the_child_reader(
 async def test_a_fold_bug_is_replayed_as_the_live_line_recovered(
     nc: Client, nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_fold = caches_module.fold
+    real_fold = caches_module.fold_input
 
-    def buggy_fold(state: State, message: Message, fx: Effects | None = None) -> Effects:
-        if getattr(message.input, "request_id", None) == "a5":
+    def buggy_fold(state: State, seq: int, timestamp: str, item: Input, fx: Effects) -> Effects:
+        if getattr(item, "request_id", None) == "a5":
             state.hosts.clear()  # half-changed, then the bug
             raise RuntimeError("a bug in the fold")
-        return real_fold(state, message, fx)
+        return real_fold(state, seq, timestamp, item, fx)
 
-    monkeypatch.setattr(caches_module, "fold", buggy_fold)
+    monkeypatch.setattr(caches_module, "fold_input", buggy_fold)
     bus = BusClient(nc)
     db = tmp_path / "rc.db"
     async with running_replica(fast_config(nats_url, db)):

@@ -35,6 +35,7 @@ import jsonschema_rs
 import orjson
 
 from reconciler.bus.schemas import SchemaSet, input_schema_path, load
+from reconciler.core.frozen import fast_init
 from reconciler.core.inputs import KINDS, DomainError, Input, from_payload
 from reconciler.core.state import Output
 
@@ -66,6 +67,7 @@ _JSON_TYPE = {list: "array", str: "string", int: "number", float: "number", bool
 _ROUTE_CACHE_MAX = 16_384
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Decoded:
     """A good input: its kind (``"host.snapshot"``, ``"cmd.admit"``…) and its typed value."""
@@ -74,6 +76,7 @@ class Decoded:
     input: Input
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class BadInput:
     """A bad input: the dead-letter reason and a sentence that says what is wrong."""

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from reconciler.core.model import HostName
 
 #: (sort key, host name, stamp)
-_Entry = tuple[float, str, int]
+_Entry = tuple[float, HostName, int]
+#: a host's filter stage and score (None: no fit; lower is better)
+Scorer = Callable[[HostName], tuple[int, float | None]]
 
 _MAX_SHAPES = 64
 _MAX_LOG = 8192
@@ -50,6 +52,10 @@ class CandidateIndex:
     base: int = 0
     shapes: dict[Hashable, _Shape] = field(default_factory=dict)
     counter: int = 0
+    #: the scorer each shape was placed with, kept for its next placement by the caller
+    #: (placement), dropped with the shapes. A scorer depends on nothing but its shape
+    #: and the state this index belongs to.
+    scorers: dict[Hashable, Scorer] = field(default_factory=dict)
 
     def touch(self, host: HostName) -> None:
         self.log.append(host)
@@ -57,12 +63,13 @@ class CandidateIndex:
     def reset(self) -> None:
         self.log.clear()
         self.shapes.clear()
+        self.scorers.clear()
 
     def best(
         self,
         shape_key: Hashable,
         hosts: list[HostName],
-        score: Callable[[HostName], tuple[int, float | None]],
+        score: Scorer,
     ) -> tuple[HostName | None, dict[int, int]]:
         """The host with the lowest score, ties by host name, and how many hosts reached
         each filter stage. ``score`` gives a host's stage and its score (None: no fit)."""
@@ -73,13 +80,14 @@ class CandidateIndex:
         if shape is None:
             if len(self.shapes) >= _MAX_SHAPES:
                 self.shapes.clear()
+                self.scorers.clear()
             shape = _Shape(pos=head)
             self.shapes[shape_key] = shape
             changed: list[HostName] | set[HostName] = hosts
         else:
+            # the shape's pending set takes the log's new hosts, and is emptied below
             changed = shape.pending
             changed.update(self.log[shape.pos - self.base :])
-            shape.pending = set()
             shape.pos = head
         # rescoring inlined: this loop runs for every host changed since the shape was
         # last placed, a few per admission and the whole fleet on a shape's first one
@@ -94,27 +102,28 @@ class CandidateIndex:
             stage, value = score(name)
             counter += 1
             old = stages.get(name)
-            if old is not None:
-                stage_counts[old] -= 1
-            stages[name] = stage
-            stage_counts[stage] = stage_counts.get(stage, 0) + 1
+            if old != stage:  # most hosts stay at their stage
+                if old is not None:
+                    stage_counts[old] -= 1
+                stages[name] = stage
+                stage_counts[stage] = stage_counts.get(stage, 0) + 1
             if value is None:
                 stamps.pop(name, None)
             else:
                 stamps[name] = counter
                 heapq.heappush(heap, (value, name, counter))
         self.counter = counter
-        if len(shape.heap) > 4 * len(shape.stamps) + 64:
-            shape.heap = [e for e in shape.heap if shape.stamps.get(HostName(e[1])) == e[2]]
-            heapq.heapify(shape.heap)
-        heap = shape.heap
+        if changed is shape.pending:
+            changed.clear()
+        if len(heap) > 4 * len(stamps) + 64:
+            shape.heap = heap = [e for e in heap if stamps.get(e[1]) == e[2]]
+            heapq.heapify(heap)
         while heap:
-            _, entry_name, stamp = heap[0]
-            name = HostName(entry_name)
-            if shape.stamps.get(name) == stamp:
-                return name, shape.stage_counts
+            _, name, stamp = heap[0]
+            if stamps.get(name) == stamp:
+                return name, stage_counts
             heapq.heappop(heap)
-        return None, shape.stage_counts
+        return None, stage_counts
 
     def _cut_log(self) -> None:
         """Hand every shape the hosts of the log it has not seen, then empty the log."""

@@ -25,9 +25,12 @@ from dataclasses import dataclass, field
 
 from reconciler.core.model import LeaseId, RequestId
 
-__all__ = ["ExpiryIndex", "epoch_second"]
+__all__ = ["SECONDS_SEEN", "ExpiryIndex", "epoch_second"]
 
-_SECONDS: dict[str, int] = {}
+#: :func:`epoch_second`'s cache: the seconds of the last few distinct timestamps, by
+#: their first 19 characters (``YYYY-MM-DDTHH:MM:SS``). The fold reads it before it
+#: calls the function, which it does for every input.
+SECONDS_SEEN: dict[str, int] = {}
 
 
 def epoch_second(timestamp: str) -> int | None:
@@ -35,7 +38,7 @@ def epoch_second(timestamp: str) -> int | None:
     ``None`` when it is not one. The last few distinct seconds are cached: consecutive
     messages mostly share theirs."""
     head = timestamp[:19]
-    cached = _SECONDS.get(head)
+    cached = SECONDS_SEEN.get(head)
     if cached is not None:
         return cached
     try:
@@ -52,9 +55,9 @@ def epoch_second(timestamp: str) -> int | None:
     except ValueError:
         return None
     second = calendar.timegm((*fields, 0, 0, 0))
-    if len(_SECONDS) > 64:
-        _SECONDS.clear()
-    _SECONDS[head] = second
+    if len(SECONDS_SEEN) > 64:
+        SECONDS_SEEN.clear()
+    SECONDS_SEEN[head] = second
     return second
 
 

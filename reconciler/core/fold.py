@@ -17,7 +17,7 @@ from typing import Any, get_args
 import orjson
 
 from reconciler.core import inputs as ev
-from reconciler.core.expiry import epoch_second
+from reconciler.core.expiry import SECONDS_SEEN, epoch_second
 from reconciler.core.model import (
     CLAIMED,
     COLD,
@@ -49,6 +49,7 @@ from reconciler.core.model import (
     Pool,
     PoolName,
     RequestId,
+    ResolvedClaim,
     ResourceClass,
     Resources,
     evolve_host,
@@ -60,8 +61,8 @@ from reconciler.core.placement import (
     PlacementResult,
     booking,
     capacity_bound,
+    choose_host,
     merge_claims,
-    place,
     resolve_claims,
 )
 from reconciler.core.preemption import choose_victims
@@ -104,7 +105,8 @@ def encode(payload: dict[str, Any]) -> bytes:
 def lease_payload(lease: Lease) -> dict[str, object]:
     """``lease.as_dict()`` with its keys, and its demand's, in sorted order: what a
     decision carries, ready for orjson to write without sorting (a test keeps the two
-    the same)."""
+    the same). Its kind and state are the enum members themselves: orjson writes a str
+    subclass (a ``StrEnum`` member) as its string, and they compare equal to it."""
     out: dict[str, object] = {"adopted": True} if lease.adopted else {}
     if lease.gate_seq is not None:
         out["awaiting_victims"] = list(lease.awaiting_victims)
@@ -116,10 +118,10 @@ def lease_payload(lease: Lease) -> dict[str, object]:
     out["instance"] = lease.instance
     if lease.job is not None:
         out["job"] = lease.job
-    out["kind"] = str(lease.kind)
+    out["kind"] = lease.kind
     out["lease_id"] = lease.lease_id
     out["pool"] = lease.pool
-    out["state"] = str(lease.state)
+    out["state"] = lease.state
     if lease.suspect_revision is not None:
         out["suspect"] = True
     return out
@@ -130,16 +132,27 @@ def lease_payload(lease: Lease) -> dict[str, object]:
 
 def fold(state: State, message: ev.Message, fx: Effects | None = None) -> Effects:
     """Apply one message. Skipped (no effects) when at or below the applied position."""
-    if fx is None:
-        fx = Effects()
-    seq = message.seq
+    return fold_input(
+        state, message.seq, message.timestamp, message.input, Effects() if fx is None else fx
+    )
+
+
+def fold_input(state: State, seq: int, timestamp: str, item: ev.Input, fx: Effects) -> Effects:
+    """:func:`fold` of a message given by its parts (sequence, stream time, input), for
+    a caller that has them apart: the caches fold each input they decode this way,
+    without a :class:`~reconciler.core.inputs.Message` built for it."""
     if seq <= state.applied_seq:
         return fx
-    item = message.input
     handler = _HANDLERS.get(type(item))
-    step = _Step(state, seq, message.timestamp, fx)
-    if step.now is not None and state.decision_retention_s is not None:
-        evict_expired(state, step.now, fx)
+    step = _Step(state, seq, timestamp, fx)
+    now = step.now
+    retention = state.decision_retention_s
+    if now is not None and retention is not None:
+        # evict_expired() when something is due (the expiry index's own test, inlined):
+        # most steps have nothing to evict
+        due = state.expiry.seconds
+        if due and due[0] <= now - retention:
+            evict_expired(state, now, fx)
     if handler is None:  # pragma: no cover - every input type is registered
         raise TypeError(f"no handler for {type(item).__name__}")
     # a set lookup on the exact type rather than isinstance() against the Command union
@@ -164,14 +177,18 @@ def fold_batch(state: State, messages: Iterable[ev.Message]) -> Effects:
 class _Step:
     """One message being folded; a small object so helpers share seq, time and effects."""
 
-    __slots__ = ("fx", "now", "seq", "state", "ts")
+    __slots__ = ("at", "fx", "now", "seq", "state", "ts")
 
     def __init__(self, state: State, seq: int, timestamp: str, fx: Effects) -> None:
         self.state = state
         self.seq = seq
         self.ts = timestamp
-        #: the stream time in whole seconds (retention), None for a timestamp without one
-        self.now = epoch_second(timestamp)
+        #: the stream time in whole seconds (retention), None for a timestamp without one;
+        #: epoch_second()'s cache read first, as most inputs share their second with others
+        now = SECONDS_SEEN.get(timestamp[:19])
+        self.now = now if now is not None else epoch_second(timestamp)
+        #: the journal's time of this step: its stream second, 0 when it has none
+        self.at = self.now if self.now is not None else 0
         self.fx = fx
 
     # ------------------------------------------------------------------ helpers
@@ -254,11 +271,6 @@ class _Step:
             if to is RELEASED:
                 self._released(new.lease_id)
         return new
-
-    @property
-    def at(self) -> int:
-        """The journal's time of this step: its stream second, 0 when it has none."""
-        return self.now if self.now is not None else 0
 
     def _released(self, lease_id: LeaseId) -> None:
         """File a lease just released for eviction after the retention."""
@@ -726,17 +738,21 @@ class _Step:
         if at_max is not None:
             self.decide(cmd.request_id, verb, "rejected", reason="pool-at-max", detail=at_max)
             return
-        try:
-            claims = resolve_claims(self.state, merge_claims(pool, cmd.claims))
-        except ClaimError as exc:
-            self.decide(cmd.request_id, verb, "rejected", reason="invalid-claim", detail=str(exc))
-            return
-        result = place(self.state, pool, pool.flavor, claims, selected=cmd.host)
-        if result.chosen is not None:
-            lease = self._reserve(cmd, pool, result.chosen.host, result.chosen.gpus)
+        claims: list[ResolvedClaim] = []
+        if pool.claims or cmd.claims:  # most requests have none to merge and resolve
+            try:
+                claims = resolve_claims(self.state, merge_claims(pool, cmd.claims))
+            except ClaimError as exc:
+                detail = str(exc)
+                self.decide(cmd.request_id, verb, "rejected", reason="invalid-claim", detail=detail)
+                return
+        result = choose_host(self.state, pool, pool.flavor, claims, selected=cmd.host)
+        if not isinstance(result, PlacementResult):
+            host, gpus = result
+            lease = self._reserve(cmd, pool, host, gpus)
             self.decide(cmd.request_id, verb, "admitted", lease=lease)
             if lease.kind is WARM:
-                self.exec_create(lease, pool, result.chosen.host)
+                self.exec_create(lease, pool, host)
             return
         assert result.reason is not None
         if cmd.preemptible and result.reason in (
@@ -1017,4 +1033,4 @@ _HANDLERS: dict[type, Any] = {
     ev.RenderRuntime: _Step.on_render_runtime,
 }
 
-__all__ = ["encode", "fold", "fold_batch"]
+__all__ = ["encode", "fold", "fold_batch", "fold_input"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from reconciler.core.frozen import fast_init
@@ -274,11 +275,6 @@ Payload = Mapping[str, Any]
 _LEASE_KINDS: dict[str, LeaseKind] = {k.value: k for k in LeaseKind}
 
 
-def _lease_kind(value: str) -> LeaseKind:
-    kind = _LEASE_KINDS.get(value) if type(value) is str else None
-    return kind if kind is not None else LeaseKind(value)
-
-
 def _resources(d: Payload) -> Resources:
     return Resources(int(d["cpu"]), int(d["memory_mib"]), int(d["disk_gib"]))
 
@@ -437,17 +433,19 @@ def _gpu_policy(p: Payload) -> GpuPolicyConfig:
     )
 
 
-def _admit(p: Payload, *, preemptible: bool) -> Admit:
+def _admit(p: Payload, preemptible: bool = False) -> Admit:
     claims = p.get("claims")
+    value = p.get("kind", "cold")
+    kind = _LEASE_KINDS.get(value) if type(value) is str else None
     return Admit(
-        request_id=p["request_id"],
-        pool=p["pool"],
-        instance=p["instance"],
-        kind=_lease_kind(p.get("kind", "cold")),
-        job=p.get("job"),
-        host=p.get("host"),
-        claims=tuple(_claim(c) for c in claims) if claims else (),
-        preemptible=preemptible,
+        p["request_id"],
+        p["pool"],
+        p["instance"],
+        kind if kind is not None else LeaseKind(value),
+        p.get("job"),
+        p.get("host"),
+        tuple(_claim(c) for c in claims) if claims else (),
+        preemptible,
     )
 
 
@@ -460,8 +458,8 @@ _BUILDERS: dict[str, Callable[[Payload], Input]] = {
     "config.class": _class,
     "config.gpu-profile": _gpu_profile,
     "config.gpu-policy": _gpu_policy,
-    "cmd.admit": lambda p: _admit(p, preemptible=False),
-    "cmd.admit-preemptible": lambda p: _admit(p, preemptible=True),
+    "cmd.admit": _admit,
+    "cmd.admit-preemptible": partial(_admit, preemptible=True),
     "cmd.claim-warm": lambda p: ClaimWarm(p["request_id"], p["pool"], p["job"]),
     "cmd.authorize-warm-drain": lambda p: AuthorizeWarmDrain(p["request_id"], p["instance"]),
     "cmd.mark-created": lambda p: MarkCreated(p["request_id"], p["instance"]),
@@ -482,6 +480,11 @@ _SUBJECT_FIELD = {
     "config.gpu-profile": "name",
     "config.gpu-policy": "name",
 }
+#: the same, per kind (commands have no name token)
+_SUBJECT_FIELD_OF_KIND: dict[str, str | None] = {
+    kind: _SUBJECT_FIELD.get(kind.split(".", 1)[0] if kind.startswith("host.") else kind)
+    for kind in KINDS
+}
 
 
 def from_payload(kind: str, payload: Payload, *, subject_token: str | None = None) -> Input:
@@ -494,7 +497,7 @@ def from_payload(kind: str, payload: Payload, *, subject_token: str | None = Non
     if builder is None:
         raise DomainError(f"unknown input kind {kind!r}")
     if subject_token is not None:
-        key = _SUBJECT_FIELD.get(kind.split(".", 1)[0] if kind.startswith("host.") else kind)
+        key = _SUBJECT_FIELD_OF_KIND[kind]
         if key is not None and payload.get(key) != subject_token:
             raise DomainError(
                 f"subject names {subject_token!r} but payload field {key!r} is {payload.get(key)!r}"
@@ -503,7 +506,10 @@ def from_payload(kind: str, payload: Payload, *, subject_token: str | None = Non
         built = builder(payload)
     except (KeyError, TypeError, ValueError) as exc:
         raise DomainError(f"{kind}: {type(exc).__name__}: {exc}") from exc
-    _check(built)
+    # the domain checks a JSON Schema cannot state (_check(), inlined)
+    check = _CHECKS.get(type(built))
+    if check is not None:
+        check(built)
     return built
 
 
@@ -541,10 +547,3 @@ _CHECKS: dict[type, Callable[[Any], None]] = {
     HostInventory: _check_inventory,
     Admit: _check_admit,
 }
-
-
-def _check(built: Input) -> None:
-    """Domain checks a JSON Schema cannot state; they run before the fold sees it."""
-    check = _CHECKS.get(type(built))
-    if check is not None:
-        check(built)

@@ -10,9 +10,10 @@ on one NUMA node.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from reconciler.core.candidates import Scorer
 from reconciler.core.frozen import fast_init
 from reconciler.core.model import (
     ZERO,
@@ -329,9 +330,6 @@ class PlacementResult:
     stages: dict[Fit, int] = field(default_factory=dict)
 
 
-Scorer = Callable[[HostName], tuple[int, float | None]]
-
-
 def _claims_scorer(
     state: State, pool: Pool, demand: Resources, claims: Sequence[ResolvedClaim], spread: bool
 ) -> Scorer:
@@ -417,6 +415,10 @@ def _shape_key(
     )
 
 
+#: where a request goes: the host, and the GPU indexes it takes there
+Chosen = tuple[Host, tuple[int, ...]]
+
+
 def place(
     state: State,
     pool: Pool,
@@ -426,27 +428,58 @@ def place(
     selected: HostName | None = None,
 ) -> PlacementResult:
     """Place a request. With ``selected``, only that host is considered."""
+    found = choose_host(state, pool, demand, claims, selected=selected)
+    if isinstance(found, PlacementResult):
+        return found
+    chosen = evaluate(state, found[0], pool, demand, claims)
+    return PlacementResult(chosen, None, (chosen,))
+
+
+def choose_host(
+    state: State,
+    pool: Pool,
+    demand: Resources,
+    claims: Sequence[ResolvedClaim],
+    *,
+    selected: HostName | None = None,
+) -> Chosen | PlacementResult:
+    """:func:`place`'s answer, the winner as its host and GPU indexes only: the fold's
+    admission takes nothing else from it, and the winner's :class:`HostFit` and the
+    :class:`PlacementResult` around it are left unbuilt. When nothing fits, the same
+    :class:`PlacementResult` as :func:`place`'s."""
     if selected is not None:
         host = state.hosts.get(selected)
         if host is None:
             return PlacementResult(None, "selected-host-unsuitable", ())
         fit = evaluate(state, host, pool, demand, claims)
         if fit.fit is _FITS:
-            return PlacementResult(fit, None, (fit,))
+            return fit.host, fit.gpus
         reason = "host-unschedulable" if fit.fit is _UNSCHEDULABLE else "selected-host-unsuitable"
         return PlacementResult(None, reason, (fit,))
-    spread = pool.placement is _SPREAD
-    score = (
-        _claims_scorer(state, pool, demand, claims, spread)
-        if claims
-        else _scalar_scorer(state, pool, demand, spread)
-    )
-
-    key = _shape_key(state, pool, demand, claims)
-    winner, stages = state.candidates.best(key, state.host_order, score)
+    if claims:
+        key = _shape_key(state, pool, demand, claims)
+    else:  # _shape_key()'s, inlined: most requests have no claims
+        key = (pool.name, pool.seq, (demand.cpu, demand.memory_mib, demand.disk_gib), ())
+    index = state.candidates
+    # a shape's scorer is made once, and kept by the index for its next placements
+    score = index.scorers.get(key)
+    made = score is None
+    if score is None:
+        spread = pool.placement is _SPREAD
+        score = (
+            _claims_scorer(state, pool, demand, claims, spread)
+            if claims
+            else _scalar_scorer(state, pool, demand, spread)
+        )
+    winner, stages = index.best(key, state.host_order, score)
+    if made:
+        index.scorers[key] = score
     if winner is not None:
-        chosen = evaluate(state, state.hosts[winner], pool, demand, claims)
-        return PlacementResult(chosen, None, (chosen,))
+        host = state.hosts[winner]
+        if not claims:  # no claim, no GPU
+            return host, ()
+        chosen = evaluate(state, host, pool, demand, claims)
+        return chosen.host, chosen.gpus
     reached = [_FIT_OF[stage] for stage, n in stages.items() if n > 0]
     best = max(reached, default=_SELECTOR)
     return PlacementResult(None, REASON_FOR_FIT[best], (), {f: stages[f] for f in reached})

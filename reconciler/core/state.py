@@ -22,9 +22,11 @@ from reconciler.core.model import (
     DRAINING,
     INJECTED,
     READY,
+    RELEASED,
     RESERVED,
     VICTIM,
     WARM,
+    ZERO,
     ClassName,
     GpuPolicy,
     GpuProfile,
@@ -257,44 +259,73 @@ class State:
 
     def _count(self, lease: Lease, sign: int) -> None:
         """Add (+1) or remove (-1) a lease's contribution to the derived indexes."""
-        if lease.active:
+        if lease.state is not RELEASED:  # lease.active
             self._count_host(lease, sign)
             self._count_pool(lease, sign)
+
+    # _count_host and _count_pool run for every lease the fold stores (_count_pool twice
+    # for most), so they spell out the properties and predicates they stand for (a test
+    # keeps them the same) and look indexes up before they make an entry.
 
     def _count_host(self, lease: Lease, sign: int) -> None:
         """An active lease's share of its host: membership, and the capacity it books
         (which placement reads, so the host is logged for the candidate index)."""
-        self.candidates.log.append(lease.host)  # candidates.touch(), without the call
+        host = lease.host
+        self.candidates.log.append(host)  # candidates.touch(), without the call
+        members = self.on_host.get(host)
         if sign > 0:
-            self.on_host.setdefault(lease.host, set()).add(lease.lease_id)
-        else:
-            self.on_host[lease.host].discard(lease.lease_id)
+            if members is None:
+                self.on_host[host] = {lease.lease_id}
+            else:
+                members.add(lease.lease_id)
+        elif members is not None:
+            members.discard(lease.lease_id)
         if lease.victim_of is not None:
             return
-        row = self.booked.setdefault(lease.host, [0, 0, 0])
-        d = lease.booked_demand
+        row = self.booked.get(host)
+        if row is None:
+            row = self.booked[host] = [0, 0, 0]
+        held_gpus = lease.held_gpus
+        # lease.booked_demand and lease.booked_gpus, their common case first
+        d = lease.demand if lease.held is ZERO and not held_gpus else lease.booked_demand
         row[0] += sign * d.cpu
         row[1] += sign * d.memory_mib
         row[2] += sign * d.disk_gib
-        gpus = lease.booked_gpus
+        gpus = lease.gpus if not held_gpus else lease.booked_gpus
         if gpus:
-            held = self.gpus_held.setdefault(lease.host, {})
+            held = self.gpus_held.setdefault(host, {})
             for ix in gpus:
                 n = held.get(ix, 0) + sign
                 if n:
                     held[ix] = n
                 else:
                     held.pop(ix, None)
-        self.pool_booking[lease.pool] = self.pool_booking.get(lease.pool, 0) + sign
+        pool = lease.pool
+        self.pool_booking[pool] = self.pool_booking.get(pool, 0) + sign
 
     def _count_pool(self, lease: Lease, sign: int) -> None:
         """An active lease's share of its pool's counts and warm indexes, which follow
         its state (what :meth:`_count_host` counts does not)."""
-        counted = pool_count_of(lease)
+        state = lease.state
+        # pool_count_of(lease)
+        counted: str | None
         if lease.gate_seq is not None:
+            counted = "pending_requests"
             _member(self.gated_on_host, lease.host, lease.lease_id, sign)
+        elif state is VICTIM:
+            counted = "victims"
+        elif state is DRAINING:
+            counted = "draining"
+        elif state is CLAIMED or state is INJECTED:
+            counted = "claimed"
+        elif lease.kind is WARM and (state is RESERVED or state is CREATED):
+            counted = "booting"
+        else:
+            counted = None
         if counted is not None:
-            counts = self.pool_counts.setdefault(lease.pool, {})
+            counts = self.pool_counts.get(lease.pool)
+            if counts is None:
+                counts = self.pool_counts[lease.pool] = {}
             n = counts.get(counted, 0) + sign
             if n:
                 counts[counted] = n
@@ -303,14 +334,14 @@ class State:
         # the warm indexes below hold warm leases only (cold ones return here, at once)
         if lease.victim_of is not None or lease.kind is not WARM:
             return
-        if lease.state in WARM_UNCLAIMED:
-            self.pool_warm_unclaimed[lease.pool] = (
-                self.pool_warm_unclaimed.get(lease.pool, 0) + sign
-            )
-        if is_idle_ready(lease):
-            _member(self.pool_ready, lease.pool, lease.lease_id, sign)
-        elif is_booting_warm(lease):
-            _member(self.pool_booting, lease.pool, lease.lease_id, sign)
+        pool = lease.pool
+        if state in WARM_UNCLAIMED:
+            self.pool_warm_unclaimed[pool] = self.pool_warm_unclaimed.get(pool, 0) + sign
+        # is_idle_ready(lease) and is_booting_warm(lease), for a warm lease not a victim
+        if state is READY and lease.job is None and lease.suspect_revision is None:
+            _member(self.pool_ready, pool, lease.lease_id, sign)
+        elif (state is RESERVED or state is CREATED) and lease.gate_seq is None:
+            _member(self.pool_booting, pool, lease.lease_id, sign)
 
     def put_lease(self, lease: Lease) -> None:
         """Store a lease and keep the derived indexes in step.
@@ -318,12 +349,13 @@ class State:
         Most updates move an active lease from one state to the next on the same host,
         booking the same: then only the pool's counts change, and the host is not
         logged for placement to evaluate again."""
-        old = self.leases.get(lease.lease_id)
-        self.leases[lease.lease_id] = lease
+        lease_id = lease.lease_id
+        old = self.leases.get(lease_id)
+        self.leases[lease_id] = lease
         if old is None:
-            self.by_instance[lease.instance] = lease.lease_id
+            self.by_instance[lease.instance] = lease_id
             self._count(lease, +1)
-        elif old.active and lease.active and _books_alike(old, lease):
+        elif old.state is not RELEASED and lease.state is not RELEASED and _books_alike(old, lease):
             self._count_pool(old, -1)
             self._count_pool(lease, +1)
         else:
@@ -331,7 +363,8 @@ class State:
             self._count(lease, +1)
 
     def lease_of_instance(self, instance: str) -> Lease | None:
-        lease_id = self.by_instance.get(InstanceName(instance))
+        # the name as it is: an InstanceName() call is a Python-level call returning it
+        lease_id = self.by_instance.get(instance)  # type: ignore[call-overload]
         return self.leases.get(lease_id) if lease_id is not None else None
 
     def active_on_host(self, host: HostName) -> list[Lease]:
@@ -357,15 +390,25 @@ def _books_alike(a: Lease, b: Lease) -> bool:
         return False
     if a.victim_of is not None:
         return True
-    # ``is`` first: a lease evolved without a new demand keeps the same object, and a
-    # dataclass ``==`` is a Python-level call
+    # ``is`` first: a lease evolved without a new demand keeps the same objects (then
+    # the properties below, Python-level calls, would give the same), and a dataclass
+    # ``==`` is a Python-level call
+    if (
+        a.demand is b.demand
+        and a.held is b.held
+        and a.gpus is b.gpus
+        and a.held_gpus is b.held_gpus
+    ):
+        return True
     da, db = a.booked_demand, b.booked_demand
     return (da is db or da == db) and a.booked_gpus == b.booked_gpus
 
 
 def _member(index: dict[_K, set[LeaseId]], key: _K, lid: LeaseId, sign: int) -> None:
     """Add (+1) or remove (-1) a lease id in a per-pool or per-host index."""
-    members = index.setdefault(key, set())
+    members = index.get(key)
+    if members is None:
+        index[key] = members = set()
     if sign > 0:
         members.add(lid)
     else:

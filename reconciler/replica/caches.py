@@ -48,8 +48,7 @@ from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
 from reconciler.bus.codec import BadInput, Decoder, dead_letter_output
 from reconciler.bus.consumer import Delivery, InputConsumer
-from reconciler.core.fold import fold
-from reconciler.core.inputs import Message
+from reconciler.core.fold import fold_input
 from reconciler.core.state import Effects, State
 from reconciler.store.sqlite import Batch, Store, encode_batch
 
@@ -155,9 +154,8 @@ def fold_deliveries(
             _dead_letter(state, fx, d, decoded.reason, decoded.error)
             out.bad.append(d)
             continue
-        message = Message(seq=seq, timestamp=d.timestamp, input=decoded.input, subject=d.subject)
         try:
-            fold(state, message, fx)
+            fold_input(state, seq, d.timestamp, decoded.input, fx)
         except Exception as exc:
             raise FoldFailed(index, exc) from exc
         out.good.append(d)
