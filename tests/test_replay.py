@@ -19,6 +19,7 @@ import reconciler.replica.caches as caches_module
 import reconciler.replica.replay as replay_module
 from reconciler.bus.connection import ConnectOptions
 from reconciler.bus.streams import StreamNames
+from reconciler.core.fold import fold_input
 from reconciler.core.inputs import Input
 from reconciler.core.state import Effects, State
 from reconciler.replica.replay import ReplayError, replay_into
@@ -88,7 +89,7 @@ async def test_a_divergence_is_found_by_the_child_reader(
 async def test_a_fold_bug_is_replayed_as_the_live_line_recovered(
     nc: Client, nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_fold = caches_module.fold_input
+    real_fold = fold_input  # what the caches call
 
     def buggy_fold(state: State, seq: int, timestamp: str, item: Input, fx: Effects) -> Effects:
         if getattr(item, "request_id", None) == "a5":
