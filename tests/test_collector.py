@@ -70,3 +70,27 @@ def test_frozen_objects_without_cycles_are_still_freed_when_dropped() -> None:
     frozen = gc.get_freeze_count()
     del leases
     assert gc.get_freeze_count() <= frozen - 2000  # reference counting freed them at once
+
+
+@pytest.mark.parametrize("folded", [True, False])
+def test_the_replays_collector_is_off_until_the_freeze_and_as_found_afterwards(
+    folded: bool,
+) -> None:
+    """The replay (reconciler.replica.replay) turns the collector off until the decoded
+    snapshot is frozen (turned on at the end of the decoding, it would at once scan every
+    object the decoding made), and leaves it as it found it, also when it fails before."""
+    from reconciler.replica.replay import FOLD_GC_THRESHOLD, _FoldCollector
+
+    thresholds = gc.get_threshold()
+    assert gc.isenabled()
+    collector = _FoldCollector()
+    try:
+        assert not gc.isenabled()
+        assert gc.get_threshold()[0] == max(thresholds[0], FOLD_GC_THRESHOLD)
+        if folded:
+            collector.freeze()
+            assert gc.isenabled() and gc.get_freeze_count() > 0
+    finally:
+        collector.restore()
+    assert gc.isenabled() and gc.get_threshold() == thresholds
+    assert gc.get_freeze_count() == 0

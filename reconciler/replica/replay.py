@@ -323,11 +323,16 @@ class _FoldCollector:
 
     Freezing takes no time (the generations' lists are spliced into the permanent one);
     no collection runs first (it took 0.2 s after a snapshot of 50,000 rows): whatever
-    cyclic garbage is frozen with the snapshot is collected after :meth:`restore`."""
+    cyclic garbage is frozen with the snapshot is collected after :meth:`restore`. Until
+    :meth:`freeze` the collector is off: the snapshot's decoding pauses it anyway, and
+    turned on at its end it would at once collect the young generation, every object
+    the decoding made (0.03 s for 50,000 rows), just before they are frozen."""
 
     def __init__(self) -> None:
         self._thresholds = gc.get_threshold()
         self._frozen = False
+        self._enabled = gc.isenabled()
+        gc.disable()
         self._state = StateCollector(full_every_s=0)
         young, middle, oldest = self._thresholds
         gc.set_threshold(max(young, FOLD_GC_THRESHOLD), middle, oldest)
@@ -336,12 +341,16 @@ class _FoldCollector:
         if gc.get_freeze_count() == 0:
             gc.freeze()
             self._frozen = True
+        if self._enabled:
+            gc.enable()
 
     def notify(self) -> None:
         if self._frozen:
             self._state.notify(None)
 
     def restore(self) -> None:
+        if self._enabled:
+            gc.enable()
         gc.set_threshold(*self._thresholds)
         if self._frozen:
             gc.unfreeze()
