@@ -27,13 +27,11 @@ from reconciler.core.fold import lease_payload
 from reconciler.core.model import (
     Host,
     HostName,
-    InstanceName,
     JobId,
     Lease,
     LeaseId,
     LeaseKind,
     LeaseState,
-    PoolName,
     RequestId,
     Resources,
     evolve_host,
@@ -42,6 +40,7 @@ from reconciler.core.model import (
 from reconciler.core.state import State
 from tests import builders as b
 from tests.test_fold_golden import Rich
+from tests.test_model import LEASE
 
 
 def _frozen_classes() -> list[type[Any]]:
@@ -178,19 +177,6 @@ def test_the_fast_init_builds_a_subclass_too() -> None:
     assert type(base) is Base and (base.a, base.b, base.c) == (1, 2, 3)
     with pytest.raises(dataclasses.FrozenInstanceError):
         base.a = 2  # type: ignore[misc]
-
-
-LEASE = Lease(
-    lease_id=LeaseId("L1"),
-    instance=InstanceName("vm-1"),
-    host=HostName("h1"),
-    host_uid="u-h1",
-    pool=PoolName("web"),
-    kind=LeaseKind.WARM,
-    state=LeaseState.READY,
-    demand=Resources(2, 4096, 20),
-    gpus=(0, 1),
-)
 
 
 @pytest.mark.parametrize(

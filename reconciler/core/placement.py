@@ -456,10 +456,7 @@ def choose_host(
             return fit.host, fit.gpus
         reason = "host-unschedulable" if fit.fit is _UNSCHEDULABLE else "selected-host-unsuitable"
         return PlacementResult(None, reason, (fit,))
-    if claims:
-        key = _shape_key(state, pool, demand, claims)
-    else:  # _shape_key()'s, inlined: most requests have no claims
-        key = (pool.name, pool.seq, (demand.cpu, demand.memory_mib, demand.disk_gib), ())
+    key = _shape_key(state, pool, demand, claims)
     index = state.candidates
     # a shape's scorer is made once, and kept by the index for its next placements
     score = index.scorers.get(key)

@@ -458,8 +458,8 @@ class LocalReaders(InputReader):
 
 class ReaderProcess:
     """Both streams read by a child process (see the module's rules): the IN stream's
-    inputs come through its pipe as plain tuples, and the OUT stream's outputs at the
-    end; the reading and the parsing of every message take another core than the
+    inputs come through its pipe as plain tuples, and the OUT stream's outputs as they
+    are read; the reading and the parsing of every message take another core than the
     fold's. The same methods as :class:`LocalReaders`."""
 
     def __init__(
