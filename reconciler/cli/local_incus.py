@@ -5,8 +5,8 @@ kernel has no ``vhost_vsock``) with its own ``INCUS_DIR`` in a fresh temporary d
 no systemd, no network, one ``dir`` storage pool named ``default``. It imports a busybox
 image built here from ``busybox-static`` plus a tiny static client
 (``incus-ready.c`` beside this module, compiled with ``gcc -static``) that the image's
-init runs at boot to send ``PATCH /1.0 {"state":"Ready"}`` on ``/dev/incus/sock``, so
-Incus emits ``instance-ready``. Nothing is downloaded.
+init runs once at boot to send ``PATCH /1.0 {"state":"Ready"}`` on ``/dev/incus/sock``
+(trying again until it is answered 200), so Incus emits ``instance-ready``. Nothing is downloaded.
 
 Rules:
 
@@ -54,8 +54,9 @@ PRESEED = {
     ],
 }
 
-INITTAB = "::sysinit:/etc/init.d/rcS\n::respawn:/bin/sleep 2147483647\n"
-RCS = "#!/bin/sh\n/bin/incus-ready >/dev/null 2>&1 &\n"
+#: init starts incus-ready once, in a session of its own, its errors on the console (the
+#: instance's console log); the respawned sleep keeps init, and the container, running
+INITTAB = "::once:/bin/incus-ready\n::respawn:/bin/sleep 2147483647\n"
 
 
 def unavailable() -> str | None:
@@ -278,7 +279,6 @@ def build_image(workdir: Path) -> Path:
             "rootfs/usr/bin",
             "rootfs/usr/sbin",
             "rootfs/etc",
-            "rootfs/etc/init.d",
             "rootfs/dev",
             "rootfs/proc",
             "rootfs/sys",
@@ -298,7 +298,6 @@ def build_image(workdir: Path) -> Path:
             link.type, link.linkname, link.mtime = tarfile.SYMTYPE, "/bin/busybox", now
             tar.addfile(link)
         add_file("rootfs/etc/inittab", INITTAB.encode(), 0o644)
-        add_file("rootfs/etc/init.d/rcS", RCS.encode(), 0o755)
         add_file("rootfs/etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n", 0o644)
         add_file("rootfs/etc/group", b"root:x:0:\n", 0o644)
     return tarball
