@@ -1559,6 +1559,58 @@ def test_lifecycle_for_an_unknown_instance_changes_nothing() -> None:
 # ====================================================================== inventory
 
 
+@pytest.mark.parametrize("created", [False, True])
+def test_an_inventory_that_shows_ready_makes_a_booting_warm_vm_ready(created: bool) -> None:
+    """Incus remembers that the guest said ready (status Ready, 113): a warm VM whose
+    instance-ready event the bridge missed becomes ready on the next inventory."""
+    fleet = fleet_of(snapshot("h1"), pool("warm", max_ready=2))
+    admitted(fleet, "r1", "warm", "w1", kind="warm")
+    if created:
+        fleet.send(lifecycle("h1", "instance-created", "w1"))
+
+    fx = fleet.send(inventory("h1", [instance("w1", status="Ready", status_code=113)]))
+
+    assert state_of(fleet, "w1") == "ready"
+    assert [(t.event, t.from_state, t.to_state) for t in fx.transitions] == [
+        ("inventory-ready", "created" if created else "reserved", "ready")
+    ]
+    lease = fleet.state.lease_of_instance("w1")
+    assert lease is not None and lease.ready_seq == fx.transitions[0].input_seq
+    late = fleet.send(lifecycle("h1", "instance-ready", "w1"))
+    assert late.transitions == []
+    d = decision(fleet.send(cmd("claim-warm", "c1", pool="warm", job="job-1")))
+    assert d["lease"]["instance"] == "w1"
+
+
+def test_an_inventory_that_shows_running_leaves_a_booting_warm_vm_booting() -> None:
+    fleet = fleet_of(snapshot("h1"), pool("warm", max_ready=2))
+    admitted(fleet, "r1", "warm", "w1", kind="warm")
+
+    fleet.send(inventory("h1", [instance("w1", status="Running", status_code=103)]))
+
+    assert state_of(fleet, "w1") == "created"
+
+
+def test_an_inventory_that_shows_ready_does_not_make_a_cold_vm_ready() -> None:
+    fleet = fleet_of(snapshot("h1"), pool("ci"))
+    admitted(fleet, "r1", "ci", "vm1")
+
+    fleet.send(inventory("h1", [instance("vm1", status="Ready", status_code=113)]))
+
+    assert state_of(fleet, "vm1") == "created"
+
+
+def test_an_inventory_that_shows_ready_leaves_a_claimed_warm_vm_claimed() -> None:
+    fleet = fleet_of(snapshot("h1"), pool("warm", max_ready=2))
+    ready_warm(fleet, "warm", "w1", host="h1")
+    fleet.send(cmd("claim-warm", "c1", pool="warm", job="job-1"))
+
+    fx = fleet.send(inventory("h1", [instance("w1", status="Ready", status_code=113)]))
+
+    assert state_of(fleet, "w1") == "claimed"
+    assert fx.transitions == []
+
+
 def test_inventory_adopts_a_tagged_ready_warm_vm() -> None:
     fleet = fleet_of(snapshot("h1"), pool("warm", max_ready=2))
 

@@ -1070,7 +1070,7 @@ def host_inventory(
                     cpu=lease.demand.cpu,
                     memory_mib=lease.demand.memory_mib,
                     disk_gib=lease.demand.disk_gib,
-                    status_code=some(draw, [103, 103, 102]),
+                    status_code=some(draw, [103, 103, 102, 113]),  # 113: the guest said ready
                     config=config,
                     gpus=[
                         pci_of(host, ix)

@@ -5,7 +5,8 @@ for VMs (``instance_type: container``).
 A warm pool of 2 reaches ``ready`` (the guest's ``PATCH /1.0 {"state":"Ready"}`` makes
 Incus emit ``instance-ready``) and refills after a claimed runner is deleted; a
 preemption hands off only after the executor deleted a victim container and a fresh
-inventory proved the room; the live verifier answers present and absent.
+inventory proved the room; warm containers that said ready while the bridge was down
+become ready from its next inventory; the live verifier answers present and absent.
 
 The host's real CPU count bounds the pool: the bridge's reserve leaves exactly two
 CPUs allocatable, so two warm containers of one CPU fill it.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -54,9 +56,42 @@ def container_pool(**fields: Any) -> tuple[str, dict[str, Any]]:
     }
 
 
+class BridgeSwitch:
+    """The system's bridge, which a test may stop (Incus's events go unheard) and start
+    again (a new bridge catches up with a snapshot and an inventory)."""
+
+    def __init__(self) -> None:
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._make: Any = None
+        self._scope: anyio.CancelScope | None = None
+
+    def attach(self, tg: anyio.abc.TaskGroup, make: Any) -> None:
+        self._tg, self._make = tg, make
+        self.start()
+
+    def start(self) -> None:
+        assert self._tg is not None and self._scope is None
+        self._scope = anyio.CancelScope()
+        self._tg.start_soon(self._run, self._scope, self._make())
+
+    def stop(self) -> None:
+        assert self._scope is not None
+        self._scope.cancel()
+        self._scope = None
+
+    @staticmethod
+    async def _run(scope: anyio.CancelScope, bridge: HostBridge) -> None:
+        with scope:
+            await Bridge([bridge]).run()
+
+
 @contextlib.asynccontextmanager
 async def whole_system(
-    nats_url: str, tmp_path: Path, daemon: RealIncus, bus: BusClient
+    nats_url: str,
+    tmp_path: Path,
+    daemon: RealIncus,
+    bus: BusClient,
+    bridge: BridgeSwitch | None = None,
 ) -> AsyncIterator[Replica]:
     """A replica (verifying suspects on the daemon), a bridge and an executor."""
     eps = (IncusEndpoint(host=HOST, url=daemon.url),)
@@ -85,15 +120,18 @@ async def whole_system(
             anyio.create_task_group() as tg,
         ):
             tg.start_soon(functools.partial(executor.run, stop=stop))
-            bridge = HostBridge(
-                incus=host,
-                js=bus.js,
-                prefix="rc",
-                settings=settings["*"],
-                inventory_delay_s=0.1,
-                backoff_s=0.1,
+            (bridge or BridgeSwitch()).attach(
+                tg,
+                functools.partial(
+                    HostBridge,
+                    incus=host,
+                    js=bus.js,
+                    prefix="rc",
+                    settings=settings["*"],
+                    inventory_delay_s=0.1,
+                    backoff_s=0.1,
+                ),
             )
-            tg.start_soon(Bridge([bridge]).run)
             with anyio.fail_after(15):
                 await executor.ready.wait()
             await until("the bridge brought the host in", lambda: _has_host(replica))
@@ -117,6 +155,13 @@ async def until(what: str, check: Any, within_s: float = 40) -> None:
     with anyio.fail_after(within_s):
         while not check():  # noqa: ASYNC110 - polling state the test does not own
             await anyio.sleep(0.05)
+
+
+def ready_journal(db: Path) -> list[str]:
+    """The journal events that made leases ready, from the replica's store."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        rows = conn.execute("SELECT event FROM journal WHERE to_state = 'ready'").fetchall()
+    return [str(event) for (event,) in rows]
 
 
 def containers(daemon: RealIncus) -> dict[str, dict[str, Any]]:
@@ -176,6 +221,31 @@ async def test_a_warm_pool_of_two_reaches_ready_and_refills_after_a_claim(
         assert len(after) == 2 and name not in after
         assert all(i["status"] == "Ready" for i in after.values())
         report(f"refilled: {sorted(after)} ready after {name} was claimed and deleted")
+
+
+async def test_warm_containers_that_said_ready_while_the_bridge_was_down_become_ready(
+    real_incus: RealIncus, nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    """Incus sends no lifecycle event twice: the instance-ready events emitted while no
+    bridge listened are lost, and the new bridge's first inventory, which lists the
+    containers as Ready (113), makes their warm leases ready instead."""
+    bus = BusClient(nc)
+    bridge = BridgeSwitch()
+    async with whole_system(nats_url, tmp_path, real_incus, bus, bridge) as replica:
+        bridge.stop()
+        await bus.send(container_pool(min_ready=2, max_ready=2))
+        await until(
+            "two containers the guest said ready",
+            lambda: [i["status"] for i in containers(real_incus).values()] == ["Ready"] * 2,
+        )
+        assert ready_warm(replica) == 0  # nobody told the reconciler
+        bridge.start()
+        await until("two warm leases ready", lambda: ready_warm(replica) == 2)
+        await until("the journal has both", lambda: len(ready_journal(tmp_path / "rc.db")) == 2)
+        assert ready_journal(tmp_path / "rc.db") == ["inventory-ready"] * 2
+        lifecycle = [m.json() for m in await bus.inputs(f"rc.in.host.{HOST}.lifecycle")]
+        assert not any(e["event"]["metadata"]["action"] == "instance-ready" for e in lifecycle)
+        report(f"ready through the inventory: {sorted(containers(real_incus))}")
 
 
 async def test_a_preemption_hands_off_only_after_the_victim_container_is_gone(

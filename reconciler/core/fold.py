@@ -88,6 +88,11 @@ _DUMP_OPTS = orjson.OPT_SORT_KEYS
 
 _NO_GPUS: frozenset[int] = frozenset()
 
+#: Incus status codes in an inventory: Running, and Ready (running, and its guest said
+#: ready: ``volatile.last_state.ready``)
+_STATUS_RUNNING = 103
+_STATUS_READY = 113
+
 #: rejections that preemption may turn around (capacity, possibly on the selected host)
 _PREEMPTIBLE_REASONS = ("insufficient-capacity", "selected-host-unsuitable")
 
@@ -485,7 +490,7 @@ class _Step:
             lease = self.state.lease_of_instance(inst.name)
             if lease is not None and lease.active and lease.host == inv.host:
                 seen.add(lease.lease_id)
-                self._observed(lease, inv)
+                self._observed(lease, inst)
                 continue
             tagged = inst.config.get(TAG_LEASE_ID)
             if tagged:
@@ -522,9 +527,14 @@ class _Step:
                 self.note(f"{lease.instance} missing from inventory r{inv.revision}; suspect")
         self.check_gates(inv.host)
 
-    def _observed(self, lease: Lease, inv: ev.HostInventory) -> None:
-        if lease.state is RESERVED and not lease.gated:
-            lease = self.move(lease, CREATED, "inventory")
+    def _observed(self, lease: Lease, inst: ev.ObservedInstance) -> None:
+        if (lease.state is RESERVED or lease.state is CREATED) and not lease.gated:
+            if lease.kind is WARM and inst.status_code == _STATUS_READY:
+                # The guest said ready and Incus remembers it: the same as instance-ready,
+                # whose event the bridge may have missed (it is not sent again)
+                lease = self.move(lease, READY, "inventory-ready", ready_seq=self.seq)
+            elif lease.state is RESERVED:
+                lease = self.move(lease, CREATED, "inventory")
         if lease.suspect_revision is not None:
             self.move(lease, lease.state, "reappeared", suspect_revision=None)
 
@@ -541,7 +551,7 @@ class _Step:
             state = CREATED
         elif job is not None:
             state = CLAIMED
-        elif inst.status_code in (103, 113):  # Running, Ready
+        elif inst.status_code in (_STATUS_RUNNING, _STATUS_READY):
             state = READY
         else:
             state = CREATED
