@@ -5,6 +5,7 @@ over a real nats-server."""
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -23,7 +24,7 @@ from reconciler.core.fold import fold_input
 from reconciler.core.inputs import Input
 from reconciler.core.state import Effects, State
 from reconciler.replica.replay import ReplayError, replay_into
-from reconciler.replica.replay_reading import Found, OutputReader
+from reconciler.replica.replay_reading import Found, OutputReader, widen_pipe
 from reconciler.replica.snapshots import SnapshotBucket, SnapshotPublisher, object_name
 from reconciler.store.snapshot import read_snapshot
 from reconciler.store.sqlite import Store
@@ -237,3 +238,24 @@ def test_the_reader_child_loads_the_websocket_client_only_when_asked(flags: list
     )
     # the child's stdout is its pipe to the replay: what it prints goes to stderr
     assert done.stderr.decode().split()[-1] == ("none" if flags else "websocket")
+
+
+def test_the_reader_child_widens_its_pipe_to_the_replay() -> None:
+    """Frames of inputs (about 150 KB for 1,000) wait in the pipe while the fold runs;
+    at Linux's default 64 KiB they crossed only while the fold waited for them."""
+    allowed = int(Path("/proc/sys/fs/pipe-max-size").read_text())
+    with subprocess.Popen(
+        [sys.executable, "-m", "reconciler.replica.replay_child", "--no-websocket"],
+        stdin=subprocess.DEVNULL,  # no request: it widens its pipe, then stops
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as child:
+        assert child.stdout is not None
+        child.wait(timeout=60)
+        size = fcntl.fcntl(child.stdout.fileno(), fcntl.F_GETPIPE_SZ)
+    assert size == min(4 << 20, allowed) > 65536
+
+
+def test_widening_what_is_not_a_pipe_changes_nothing_and_says_so(tmp_path: Path) -> None:
+    with (tmp_path / "file").open("wb") as file:
+        assert widen_pipe(file) == 0

@@ -297,6 +297,11 @@ async def replay_into(
     return report
 
 
+#: inputs the replay folds between two turns of its event loop, in which it takes in what
+#: its reader child sent meanwhile (a frame of 1,000 inputs crosses the pipe in several
+#: reads, one a turn: folded whole, the fold waited for most frames)
+_FOLD_SLICE = 250
+
 #: allocations between two collections of the youngest generation during the fold
 #: (CPython: 700); what ``reconciler run --gc-threshold`` sets by default, and why
 #: (:mod:`reconciler.cli.gc_policy`)
@@ -422,19 +427,21 @@ async def _fold_in_memory(
             await readers.start_inputs(state.applied_seq + 1, last)
         else:
             assert inputs_from <= state.applied_seq + 1, "inputs started after the state"
-        while (batch := await readers.take_inputs()) is not None:
-            deliveries = [
-                Delivery(subject, data, seq, ts, delivered, "")
-                for subject, data, seq, delivered, ts in batch
-            ]
-            folded = fold_deliveries(state, deliveries, decoder, prefix=prefix)
-            inputs += len(folded.good) + len(folded.bad)
-            dead += len(folded.bad)
-            for out in folded.fx.outputs:
-                if out.msg_id is not None and out.msg_id not in produced:
-                    produced[out.msg_id] = (out.subject, out.payload)
-            after_batch()
-            await anyio.lowlevel.checkpoint()  # the OUT stream's reader reads meanwhile
+        while (frame := await readers.take_inputs()) is not None:
+            for at in range(0, len(frame), _FOLD_SLICE):
+                deliveries = [
+                    Delivery(subject, data, seq, ts, delivered, "")
+                    for subject, data, seq, delivered, ts in frame[at : at + _FOLD_SLICE]
+                ]
+                folded = fold_deliveries(state, deliveries, decoder, prefix=prefix)
+                inputs += len(folded.good) + len(folded.bad)
+                dead += len(folded.bad)
+                for out in folded.fx.outputs:
+                    if out.msg_id is not None and out.msg_id not in produced:
+                        produced[out.msg_id] = (out.subject, out.payload)
+                after_batch()
+                # the loop takes in what the readers got meanwhile (the child's frames)
+                await anyio.lowlevel.checkpoint()
     finally:
         await readers.close_inputs()
     return state, inputs, dead

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import fcntl
 import functools
 import logging
 import os
@@ -106,6 +107,12 @@ _INPUTS_WANTED = 2
 #: frames of inputs the child reads ahead of the fold: while the replay fetches and
 #: decodes the snapshot, the tail's first inputs are read (16 chunks: ~16,000 inputs)
 _CHILD_READ_AHEAD = 16
+#: bytes the child's pipe to the replay holds (Linux, at most ``fs.pipe-max-size``,
+#: 1 MiB unless raised): frames of inputs (about 150 KB for 1,000) wait in it for the
+#: replay, which reads the pipe only when its fold lets the loop run. At the default
+#: 64 KiB a frame crossed a piece at a time, each only while the fold waited for it, and
+#: the fold waited for nearly every frame though the child had 16 ready
+_PIPE_BYTES = 4 << 20
 
 #: how many times the OUT stream's end is asked again once the reader reached it
 _END_RECHECKS = 5
@@ -664,11 +671,31 @@ def _write(pipe: BinaryIO, data: bytes) -> None:
     pipe.flush()
 
 
+def widen_pipe(pipe: BinaryIO, size: int = _PIPE_BYTES) -> int:
+    """Make ``pipe`` hold up to ``size`` bytes, or as many as the system allows; its size
+    then (0 where pipes cannot be resized: not Linux, or not a pipe)."""
+    setsize, getsize = getattr(fcntl, "F_SETPIPE_SZ", None), getattr(fcntl, "F_GETPIPE_SZ", None)
+    if setsize is None or getsize is None:
+        return 0
+    try:
+        limit = int(Path("/proc/sys/fs/pipe-max-size").read_text())
+    except (OSError, ValueError):
+        limit = 1 << 20
+    # not a pipe, or more than this process may have: it keeps the size it has
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(pipe.fileno(), setsize, min(size, limit))
+    try:
+        return int(fcntl.fcntl(pipe.fileno(), getsize))
+    except OSError:
+        return 0
+
+
 def child_main() -> None:
     """The child's main (:mod:`reconciler.replica.replay_child`): its stdout is the pipe
     to the replay, nothing else."""
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
+    widen_pipe(answers)
     # the replay reports; its reader only warns (a lost delivery, a consumer not deleted)
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
