@@ -80,6 +80,9 @@ def test_quick_bench_prints_one_json_line_with_every_figure(tmp_path: Path) -> N
     assert result["fleet"]["hosts"] == result["fleet_hosts"]
     assert_numbers(result, "snapshot_ratio", "replay_from_snapshot_per_s", "bare_read_per_s")
     assert result["snapshot"]["tail_inputs"] > 0 and result["snapshot"]["compared"] > 0
+    # three replays, each against the bare reads on either side: the figure is the median
+    rounds = result["snapshot"]["rounds"]
+    assert len(rounds) == 3 and result["snapshot_ratio"] == sorted(rounds)[1]
     for name in ("fleet_latency_p99_ms", "snapshot_ratio"):
         assert isinstance(result["targets"][name]["pass"], bool), name
     assert isinstance(result["machine"]["cpu_count"], int)
