@@ -198,6 +198,11 @@ async def test_node_kills_under_load_decide_every_command_exactly_once(tmp_path:
             f"replay divergences {len(report.divergences)}, "
             f"digests equal: {set(digests.values()) == {report.digest}}"
         )
+        # each divergence, and whether this test's own read of RC_OUT holds its id: a
+        # "missing" output that is there was lost by the replay's reader, not the outbox
+        on_out = set(ids)
+        for d in report.divergences:
+            print(f"divergence {d.kind} {d.msg_id} on {d.subject}: on RC_OUT {d.msg_id in on_out}")
         assert len(kills) == 2
         assert doubles == []
         assert undecided == set()
