@@ -186,9 +186,11 @@ async def test_node_kills_under_load_decide_every_command_exactly_once(tmp_path:
         after_kill = [(round(g, 2), [round(at - k, 2) for k in killed_at]) for g, at in gaps[:3]]
         report = await replay_into(admin, prefix="rc")
         digests = {}
+        states = {}
         for n, db in dbs.items():
             async with await Store.open(db) as store:
-                digests[n] = state_digest(await store.load_state())
+                states[n] = await store.load_state()
+                digests[n] = state_digest(states[n])
         await admin.close()
         print(
             f"\nfailover: {len(load.commands)} commands ({sent} inputs) at ~{RATE}/s; "
@@ -203,6 +205,23 @@ async def test_node_kills_under_load_decide_every_command_exactly_once(tmp_path:
         on_out = set(ids)
         for d in report.divergences:
             print(f"divergence {d.kind} {d.msg_id} on {d.subject}: on RC_OUT {d.msg_id in on_out}")
+        # each replica's store against the replay's digest, and where the two stores differ
+        for n, state in states.items():
+            print(
+                f"{n}: applied_seq {state.applied_seq} (head {head}), digest "
+                f"{'equal to' if digests[n] == report.digest else 'NOT'} the replay's; "
+                f"{len(state.leases)} leases, {len(state.decisions)} decisions, "
+                f"{len(state.jobs)} jobs, {len(state.released_at)} released"
+            )
+        if len(set(digests.values())) > 1:
+            first, second = (states[n] for n in names)
+            for table in ("leases", "decisions", "jobs", "released_at", "hosts", "pools"):
+                a, b = getattr(first, table), getattr(second, table)
+                differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+                if differ:
+                    print(f"stores differ in {table}: {len(differ)}, first {differ[:3]}")
+                    for k in differ[:3]:
+                        print(f"  {k}: {a.get(k)!r}\n  vs {b.get(k)!r}")
         assert len(kills) == 2
         assert doubles == []
         assert undecided == set()
