@@ -1471,11 +1471,12 @@ async def snapshot_phase(ctx: Context) -> dict[str, Any]:
             f"{bare_per_s:,.0f}/s (mean of before and after): {rate / bare_per_s:.3f}"
         )
     ratios = [r["rate"] / r["bare_per_s"] for r in rounds]
-    median = rounds[sorted(range(len(rounds)), key=ratios.__getitem__)[len(rounds) // 2]]
+    mid = sorted(range(len(rounds)), key=ratios.__getitem__)[len(rounds) // 2]
+    median = rounds[mid]
     return {
         "replay_from_snapshot_per_s": round(median["rate"]),
         "bare_read_per_s": round(median["bare_per_s"]),
-        "snapshot_ratio": round(median["rate"] / median["bare_per_s"], 3),
+        "snapshot_ratio": round(ratios[mid], 3),
         "snapshot": {
             "snapshot_seq": snapshot_seq,
             "tail_inputs": median["inputs"],

@@ -6,7 +6,8 @@ no systemd, no network, one ``dir`` storage pool named ``default``. It imports a
 image built here from ``busybox-static`` plus a tiny static client
 (``incus-ready.c`` beside this module, compiled with ``gcc -static``) that the image's
 init runs once at boot to send ``PATCH /1.0 {"state":"Ready"}`` on ``/dev/incus/sock``
-(trying again until it is answered 200), so Incus emits ``instance-ready``. Nothing is downloaded.
+(trying again until it is answered 200), so Incus emits ``instance-ready``. Nothing is
+downloaded.
 
 Rules:
 
