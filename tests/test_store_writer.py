@@ -19,6 +19,7 @@ from reconciler.core.fold import fold_batch
 from reconciler.core.state import State
 from reconciler.store import Store, StoreError
 from reconciler.store.writer import PIPE_BYTES, WriterProcess
+from reconciler.store.writer_child import TRUNCATE_WAIT_MS, checkpoint, checkpoint_connection
 from tests.test_store import FULL_STATE, MESSAGES, N, all_journal, all_outbox, assert_same_state
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,3 +224,69 @@ async def test_the_writer_checkpoints_the_wal(tmp_path: Path) -> None:
         with sqlite3.connect(f"file:{db}?immutable=1", uri=True) as probe:
             (applied,) = probe.execute("SELECT applied_seq FROM position").fetchone()
         assert applied == N
+
+
+def _wal_database(path: Path, *, megabytes: int) -> sqlite3.Connection:
+    """A WAL database at ``path`` whose writer never checkpoints, with ``megabytes`` of
+    committed rows in its WAL (as the writer child's connection leaves it)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    conn.execute("CREATE TABLE rows (n INTEGER PRIMARY KEY, data BLOB)")
+    for n in range(megabytes * 4):
+        conn.execute("INSERT INTO rows (n, data) VALUES (?, ?)", (n, os.urandom(256 * 1024)))
+    return conn
+
+
+def _wal_bytes(path: Path) -> int:
+    return path.with_name(path.name + "-wal").stat().st_size
+
+
+def test_a_wal_past_the_limit_after_a_passive_checkpoint_is_truncated(tmp_path: Path) -> None:
+    """A writer that never pauses leaves passive checkpoints forever behind, and the WAL
+    file only grows: past the limit, the checkpoint thread truncates it (nothing lost)."""
+    db = tmp_path / "rc.db"
+    writer = _wal_database(db, megabytes=8)
+    conn = checkpoint_connection(str(db))
+    try:
+        # under the limit: the passive checkpoint copies, the file keeps its size
+        assert not checkpoint(conn, str(db), truncate_bytes=64 << 20)
+        assert _wal_bytes(db) > 8 << 20
+        # past it: truncated to nothing
+        assert checkpoint(conn, str(db), truncate_bytes=4 << 20)
+        assert _wal_bytes(db) == 0
+        writer.execute("INSERT INTO rows (n, data) VALUES (-1, x'00')")
+        (count,) = writer.execute("SELECT count(*) FROM rows").fetchone()
+        assert count == 8 * 4 + 1
+    finally:
+        conn.close()
+        writer.close()
+
+
+def test_a_reader_of_old_frames_makes_the_truncation_wait_for_a_later_period(
+    tmp_path: Path,
+) -> None:
+    """The truncating checkpoint gives up after TRUNCATE_WAIT_MS while a reader still
+    needs the WAL, and succeeds a period after it is done."""
+    db = tmp_path / "rc.db"
+    writer = _wal_database(db, megabytes=4)
+    reader = sqlite3.connect(db, isolation_level=None)
+    conn = checkpoint_connection(str(db))
+    try:
+        reader.execute("BEGIN")
+        (before,) = reader.execute("SELECT count(*) FROM rows").fetchone()
+        writer.execute("INSERT INTO rows (n, data) VALUES (-1, x'00')")
+        started = time.monotonic()
+        assert not checkpoint(conn, str(db), truncate_bytes=1 << 20)
+        assert time.monotonic() - started < 5 * TRUNCATE_WAIT_MS / 1000
+        assert _wal_bytes(db) > 4 << 20
+        # the reader's snapshot is intact, then it ends
+        assert reader.execute("SELECT count(*) FROM rows").fetchone() == (before,)
+        reader.execute("COMMIT")
+        assert checkpoint(conn, str(db), truncate_bytes=1 << 20)
+        assert _wal_bytes(db) == 0
+        assert writer.execute("SELECT count(*) FROM rows").fetchone() == (before + 1,)
+    finally:
+        conn.close()
+        reader.close()
+        writer.close()
