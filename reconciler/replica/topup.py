@@ -18,10 +18,13 @@ Rules (docs/architecture.md: the fold stays the only judge):
   could not be created or started: no event will ever say so) is released by a
   ``release`` command ``expire-<lease>``; the pool then asks for another.
 - A top-up that was rejected (no capacity, no suitable host) is not retried at once: the
-  pool's key backs off exponentially (the work queue's per-key backoff), except that a
-  change to any host or to the pool's leases looks again within ``recheck_s``, since
-  room may have appeared; changes meanwhile coalesce into that one look. The backoff is
-  forgotten after a round that is not refused.
+  pool backs off, ``backoff_base_s`` after the first rejection, doubling with each
+  rejection in a row up to ``backoff_cap_s``, except that a change to any host or to the
+  pool's leases looks again within ``recheck_s``, since room may have appeared; changes
+  meanwhile coalesce into that one look. Only a top-up that is admitted ends the
+  backoff: publishing the next one does not (each rejected top-up is an input on the
+  stream and a decision, so a pool that cannot be filled must not ask twice a second
+  for as long as the fleet is full).
 - Otherwise a pool is looked at ``coalesce_s`` (50 ms) after a commit touched it: the
   commits meanwhile coalesce into that one look, instead of one look per commit (a
   busy pool commits hundreds of times a second, and a VM boots in seconds).
@@ -34,6 +37,7 @@ import hashlib
 import re
 import time
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 import structlog
@@ -43,7 +47,7 @@ from reconciler.bus.sending import publish
 from reconciler.core.model import PoolName, RequestId
 from reconciler.core.status import warm_deficit
 from reconciler.replica.caches import Caches, Commit
-from reconciler.work.queue import TemporaryError, WorkQueue, run_with_resync
+from reconciler.work.queue import WorkQueue, run_with_resync
 
 __all__ = ["WarmPoolReconciler", "topup_request_id", "warm_instance_name"]
 
@@ -93,6 +97,8 @@ class WarmPoolReconciler:
         recheck_s: float = 2.0,
         coalesce_s: float = 0.05,
         boot_timeout_s: float = 600.0,
+        backoff_base_s: float = 0.5,
+        backoff_cap_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -100,6 +106,9 @@ class WarmPoolReconciler:
         self.recheck_s = recheck_s
         self.coalesce_s = coalesce_s
         self.boot_timeout_s = boot_timeout_s
+        self.backoff_base_s = backoff_base_s
+        self.backoff_cap_s = backoff_cap_s
+        self._clock = clock
         self._wall = wall
         self.js = js
         self.prefix = prefix
@@ -110,8 +119,9 @@ class WarmPoolReconciler:
         )
         #: request id -> pool, published and not yet decided
         self.in_flight: dict[RequestId, PoolName] = {}
-        #: pools whose last top-up was rejected (backing off)
-        self.blocked: set[PoolName] = set()
+        #: pools whose last top-up was rejected: rejections in a row, and when (``clock``)
+        #: the next top-up may go
+        self.refused: dict[PoolName, tuple[int, float]] = {}
         self.published = 0
 
     def notify(self, commit: Commit) -> None:
@@ -119,8 +129,8 @@ class WarmPoolReconciler:
         decided, and at every pool backing off a rejection when a host changed (capacity
         may have appeared)."""
         for pool in commit.fx.pools:
-            if pool in self.blocked:  # refused lately: look again soon, not per commit
-                self.queue.add_after(pool, self.recheck_s)
+            if pool in self.refused:  # refused lately: look again soon, not per commit
+                self._recheck(pool)
             else:
                 self.queue.add_after(pool, self.coalesce_s)
         for request_id in commit.fx.decisions:
@@ -128,8 +138,14 @@ class WarmPoolReconciler:
             if decided is not None:  # one of ours was decided: settle it
                 self.queue.add_after(decided, self.coalesce_s)
         if commit.fx.hosts:
-            for pool in self.blocked:  # coalesced: a busy fleet changes hosts all the time
-                self.queue.add_after(pool, self.recheck_s)
+            for pool in list(self.refused):  # coalesced: a busy fleet changes all the time
+                self._recheck(pool)
+
+    def _recheck(self, pool: PoolName) -> None:
+        """Room may have appeared for a refused pool: try again within ``recheck_s``."""
+        count, due = self.refused[pool]
+        self.refused[pool] = (count, min(due, self._clock() + self.recheck_s))
+        self.queue.add_after(pool, self.recheck_s)
 
     async def run(self) -> None:
         await run_with_resync(
@@ -144,12 +160,13 @@ class WarmPoolReconciler:
         """One look at one pool: publish the admits its deficit calls for."""
         state = self.caches.state
         pool = PoolName(pool_name)
-        rejected = self._settle(pool)
-        if rejected:
-            self.blocked.add(pool)
-            raise TemporaryError(f"warm top-up of pool {pool} rejected: {rejected}")
-        self.blocked.discard(pool)
+        self._settle(pool)
         await self._expire_stuck(pool)
+        if pool in self.refused:
+            wait = self.refused[pool][1] - self._clock()
+            if wait > 0:  # not before the backoff (or a change) says so
+                self.queue.add_after(pool, wait)
+                return
         travelling = sum(1 for p in self.in_flight.values() if p == pool)
         wanted = warm_deficit(state, pool) - travelling
         if wanted <= 0:
@@ -215,19 +232,41 @@ class WarmPoolReconciler:
                 waited_s=round(now - admitted_at) if admitted_at is not None else None,
             )
 
-    def _settle(self, pool: PoolName) -> str | None:
-        """Forget this pool's decided top-ups; the reason of a rejected one, if any."""
+    def _settle(self, pool: PoolName) -> None:
+        """Forget this pool's decided top-ups: an admitted one ends the pool's backoff, a
+        rejected one starts it or doubles it (an expiry's release is neither)."""
         decisions = self.caches.state.decisions
-        rejected = None
+        admitted = False
+        rejected: dict[str, Any] | None = None
         for request_id in [r for r, p in self.in_flight.items() if p == pool]:
             record = decisions.get(request_id)
             if record is None:
                 continue
             del self.in_flight[request_id]
+            if record.verb != "admit":
+                continue
             body = orjson.loads(record.payload)
             if body.get("outcome") == "rejected":
-                rejected = str(body.get("reason"))
-        return rejected
+                rejected = body
+            else:
+                admitted = True
+        if rejected is None:
+            if admitted:
+                self.refused.pop(pool, None)
+            return
+        # one more in a row per round, however many of its admits were rejected; a
+        # round that got some of its VMs starts the count again
+        count = 1 if admitted else self.refused.get(pool, (0, 0.0))[0] + 1
+        delay = min(self.backoff_cap_s, self.backoff_base_s * 2 ** (count - 1))
+        self.refused[pool] = (count, self._clock() + delay)
+        logger.warning(
+            "warm_pool.top_up_rejected",
+            pool=pool,
+            request_id=rejected.get("request_id"),
+            reason=rejected.get("reason"),
+            in_a_row=count,
+            retry_in_s=delay,
+        )
 
 
 def _epoch(rfc3339: str) -> float | None:
