@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from reconciler.core.fold import fold_batch
 from reconciler.core.state import State
 from reconciler.store import Store, StoreError
 from reconciler.store.writer import PIPE_BYTES, WriterProcess
-from reconciler.store.writer_child import TRUNCATE_WAIT_MS, checkpoint, checkpoint_connection
+from reconciler.store.writer_child import WriterGate, checkpoint
 from tests.test_store import FULL_STATE, MESSAGES, N, all_journal, all_outbox, assert_same_state
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -228,8 +229,8 @@ async def test_the_writer_checkpoints_the_wal(tmp_path: Path) -> None:
 
 def _wal_database(path: Path, *, megabytes: int) -> sqlite3.Connection:
     """A WAL database at ``path`` whose writer never checkpoints, with ``megabytes`` of
-    committed rows in its WAL (as the writer child's connection leaves it)."""
-    conn = sqlite3.connect(path, isolation_level=None)
+    committed rows in its WAL (as the writer child's connection has them)."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA wal_autocheckpoint = 0")
     conn.execute("CREATE TABLE rows (n INTEGER PRIMARY KEY, data BLOB)")
@@ -242,50 +243,101 @@ def _wal_bytes(path: Path) -> int:
     return path.with_name(path.name + "-wal").stat().st_size
 
 
-def test_a_wal_past_the_limit_after_a_passive_checkpoint_is_truncated(tmp_path: Path) -> None:
-    """A writer that never pauses leaves passive checkpoints forever behind, and the WAL
-    file only grows: past the limit, the checkpoint thread truncates it (nothing lost)."""
+def _wal_frames(conn: sqlite3.Connection) -> int:
+    """Frames in the WAL since it last started over (a passive checkpoint says)."""
+    return int(conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1])
+
+
+def test_a_wal_past_the_limit_starts_over_under_a_writer_that_never_pauses(
+    tmp_path: Path,
+) -> None:
+    """A writer committing back to back always adds frames while a passive checkpoint
+    copies, so the WAL never starts over and only grows; past the limit, the second
+    checkpoint (between two of the writer's transactions) copies the rest, and the next
+    transaction starts the WAL over, from the file's beginning. Nothing is lost."""
     db = tmp_path / "rc.db"
     writer = _wal_database(db, megabytes=8)
-    conn = checkpoint_connection(str(db))
+    gate = WriterGate()
+    stop = threading.Event()
+    written = [0]
+
+    def write() -> None:  # as the writer child serves: one transaction at a time, gated
+        while not stop.is_set():
+            with gate.transaction():
+                writer.execute(
+                    "INSERT INTO rows (n, data) VALUES (?, ?)",
+                    (10_000 + written[0], os.urandom(64 * 1024)),
+                )
+            written[0] += 1
+
+    conn = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    thread = threading.Thread(target=write)
+    thread.start()
     try:
-        # under the limit: the passive checkpoint copies, the file keeps its size
-        assert not checkpoint(conn, str(db), truncate_bytes=64 << 20)
-        assert _wal_bytes(db) > 8 << 20
-        # past it: truncated to nothing
-        assert checkpoint(conn, str(db), truncate_bytes=4 << 20)
+        # under the limit: passive only
+        assert checkpoint(conn, str(db), gate, finish_bytes=64 << 20) == "passive"
+        done = [checkpoint(conn, str(db), gate, finish_bytes=4 << 20) for _ in range(3)]
+        assert "finished" in done
+        seen = written[0]
+        deadline = time.monotonic() + 10
+        while written[0] < seen + 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+    finally:
+        stop.set()
+        thread.join()
+    size = _wal_bytes(db)
+    frames = _wal_frames(conn)
+    conn.close()
+    # started over: what the last transactions wrote, at the file's start
+    assert size > 8 << 20 and frames * 4096 < size // 2, (size, frames)
+    (count,) = writer.execute("SELECT count(*) FROM rows").fetchone()
+    assert count == 8 * 4 + written[0]
+    writer.close()
+
+
+def test_an_idle_writers_large_wal_is_truncated(tmp_path: Path) -> None:
+    """Once the writer is idle, a WAL past WAL_IDLE_BYTES is cut to nothing; not before."""
+    db = tmp_path / "rc.db"
+    writer = _wal_database(db, megabytes=4)
+    gate = WriterGate()
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        with gate.transaction():  # a transaction just ended: not idle yet
+            writer.execute("INSERT INTO rows (n, data) VALUES (-1, x'00')")
+        assert checkpoint(conn, str(db), gate, idle_bytes=1 << 20, idle_s=60) == "passive"
+        assert _wal_bytes(db) > 4 << 20
+        assert checkpoint(conn, str(db), gate, idle_bytes=1 << 20, idle_s=0) == "truncated"
         assert _wal_bytes(db) == 0
-        writer.execute("INSERT INTO rows (n, data) VALUES (-1, x'00')")
-        (count,) = writer.execute("SELECT count(*) FROM rows").fetchone()
-        assert count == 8 * 4 + 1
+        writer.execute("INSERT INTO rows (n, data) VALUES (-2, x'00')")
+        assert writer.execute("SELECT count(*) FROM rows").fetchone() == (4 * 4 + 2,)
     finally:
         conn.close()
         writer.close()
 
 
-def test_a_reader_of_old_frames_makes_the_truncation_wait_for_a_later_period(
-    tmp_path: Path,
-) -> None:
-    """The truncating checkpoint gives up after TRUNCATE_WAIT_MS while a reader still
-    needs the WAL, and succeeds a period after it is done."""
+def test_a_reader_of_old_frames_keeps_the_wal_until_a_later_period(tmp_path: Path) -> None:
+    """A reader whose snapshot needs the WAL's frames keeps them: the checkpoint does not
+    wait for it (nor holds the writer meanwhile), and the WAL starts over a period after
+    the reader is done."""
     db = tmp_path / "rc.db"
     writer = _wal_database(db, megabytes=4)
     reader = sqlite3.connect(db, isolation_level=None)
-    conn = checkpoint_connection(str(db))
+    conn = sqlite3.connect(db, isolation_level=None)
+    gate = WriterGate()
     try:
         reader.execute("BEGIN")
         (before,) = reader.execute("SELECT count(*) FROM rows").fetchone()
         writer.execute("INSERT INTO rows (n, data) VALUES (-1, x'00')")
-        started = time.monotonic()
-        assert not checkpoint(conn, str(db), truncate_bytes=1 << 20)
-        assert time.monotonic() - started < 5 * TRUNCATE_WAIT_MS / 1000
-        assert _wal_bytes(db) > 4 << 20
+        assert checkpoint(conn, str(db), gate, finish_bytes=1 << 20) == "passive"
+        writer.execute("INSERT INTO rows (n, data) VALUES (-2, x'00')")
+        assert _wal_frames(conn) > 1000  # kept going
         # the reader's snapshot is intact, then it ends
         assert reader.execute("SELECT count(*) FROM rows").fetchone() == (before,)
         reader.execute("COMMIT")
-        assert checkpoint(conn, str(db), truncate_bytes=1 << 20)
-        assert _wal_bytes(db) == 0
-        assert writer.execute("SELECT count(*) FROM rows").fetchone() == (before + 1,)
+        assert checkpoint(conn, str(db), gate, finish_bytes=1 << 20) == "finished"
+        writer.execute("INSERT INTO rows (n, data) VALUES (-3, x'00')")
+        assert _wal_frames(conn) < 10  # started over
+        assert writer.execute("SELECT count(*) FROM rows").fetchone() == (before + 3,)
     finally:
         conn.close()
         reader.close()

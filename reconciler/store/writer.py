@@ -30,11 +30,11 @@ Rules:
   wal_checkpoint(PASSIVE)`` every :data:`CHECKPOINT_EVERY_S`, never blocking a commit),
   with automatic checkpoints off: the 16 MiB checkpoint that a commit used to run
   inline (tens of milliseconds, with an fsync) no longer stalls the pipeline. Passive
-  checkpoints never catch up with a writer that never pauses, and the WAL would grow
-  for as long as a backlog lasts (800 MB in the bench's soak): past
-  :data:`~reconciler.store.writer_child.WAL_TRUNCATE_BYTES` the thread truncates it
-  with a blocking checkpoint, which holds the next commit for the few frames the
-  passive one left (:func:`~reconciler.store.writer_child.checkpoints`).
+  checkpoints never catch up with a writer that commits every millisecond, and the WAL
+  would grow for as long as the load lasts (800 MB in the bench's soak): past
+  :data:`~reconciler.store.writer_child.WAL_FINISH_BYTES` the thread copies what the
+  passive checkpoint left between two transactions, so that the next one starts the WAL
+  over (:func:`~reconciler.store.writer_child.checkpoints`).
 - Frames on the pipes: a 4-byte big-endian length, then a pickle. The pipes are private
   to the two processes of one replica. The child is
   :mod:`reconciler.store.writer_child`.

@@ -10,6 +10,7 @@ stays a small process (the parent imports this module for the frame format).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import os
@@ -19,6 +20,8 @@ import sqlite3
 import struct
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from typing import IO, Any
 
 from reconciler.store.errors import StoreError
@@ -27,9 +30,8 @@ from reconciler.store.transactions import mark_published, write_batch
 __all__ = [
     "CHECKPOINT_EVERY_S",
     "FRAME_HEADER",
-    "WAL_TRUNCATE_BYTES",
+    "WAL_FINISH_BYTES",
     "checkpoint",
-    "checkpoint_connection",
     "checkpoints",
     "main",
 ]
@@ -64,45 +66,73 @@ def _reply(stream: IO[bytes], message: tuple[Any, ...]) -> None:
     stream.flush()
 
 
-#: bytes the WAL file is truncated to when a checkpoint resets it
-WAL_SIZE_LIMIT = 16 * 1024 * 1024
-
-
 def _connect(path: str) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA busy_timeout = 5000")
     conn.execute("PRAGMA synchronous = NORMAL")
-    # the WAL file keeps the size of its largest burst otherwise: a service that runs
-    # for years gets it back to this after each checkpoint that resets it
-    conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
+    # no journal_size_limit: it truncates the WAL file in the commit that starts it
+    # over, and cutting 100 MB off a file took that commit 15 to 40 ms (see checkpoints)
     return conn
 
 
-#: a WAL file larger than this after a passive checkpoint is truncated by a blocking one
-WAL_TRUNCATE_BYTES = 4 * WAL_SIZE_LIMIT
-#: how long that blocking checkpoint waits for the writer's transaction in hand, then for
-#: readers of older frames (it gives up, to try again a period later, past this)
-TRUNCATE_WAIT_MS = 250
+#: a WAL file larger than this after a passive checkpoint is finished with the writer held
+WAL_FINISH_BYTES = 64 * 1024 * 1024
+#: a WAL file larger than this is truncated once the writer has been idle for
+#: :data:`IDLE_S`
+WAL_IDLE_BYTES = 16 * 1024 * 1024
+IDLE_S = 1.0
+#: how long the truncating checkpoint waits for readers of the WAL (then next period)
+TRUNCATE_WAIT_MS = 100
 
 
-def checkpoints(path: str, stop: threading.Event) -> None:
+class WriterGate:
+    """What the checkpoints need from the writer: :meth:`transaction` holds ``lock`` for
+    each of its transactions, and says when the last one ended."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._ended = time.monotonic()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        with self.lock:
+            try:
+                yield
+            finally:
+                self._ended = time.monotonic()
+
+    def idle_for(self) -> float:
+        """Seconds since the last transaction ended (call it holding ``lock``)."""
+        return time.monotonic() - self._ended
+
+
+def checkpoints(path: str, stop: threading.Event, gate: WriterGate) -> None:
     """WAL checkpoints beside the commits, until ``stop``.
 
-    Each period a passive checkpoint copies what it can into the database file without
-    waiting for anyone. SQLite starts writing the WAL from its beginning again only once
-    a checkpoint has copied all of it and no reader needs it, so under a writer that
-    never pauses (a backlog being folded) the passive checkpoints never catch up and the
-    file only grows: 800 MB in the soak of ``scripts/bench``, 40 MB a second. When the
-    file is past :data:`WAL_TRUNCATE_BYTES` after a passive checkpoint, a ``TRUNCATE`` checkpoint
-    follows: it waits (at most :data:`TRUNCATE_WAIT_MS`) for the transaction in hand,
-    copies the few frames the passive one left while the next commit waits, and
-    truncates the file to nothing. A reader still on old frames makes it give up
-    (busy) until the next period; nothing is lost either way."""
-    conn = checkpoint_connection(path)
+    Each period a passive checkpoint copies into the database file what was committed,
+    without waiting for anyone. SQLite writes the WAL from its beginning again only when
+    a write transaction begins with every frame copied; but a writer that commits every
+    millisecond (1,000 commands a second: 14 pages a command, 57 MB of WAL a second)
+    always adds frames while the checkpoint copies, so that moment never comes and the
+    file grows for as long as the load lasts: 800 MB in the soak of ``scripts/bench``.
+
+    So when the file is past :data:`WAL_FINISH_BYTES` after a passive checkpoint, a
+    second one runs holding the gate, between two of the writer's transactions: it
+    copies only what was committed during the first (3 to 6 ms at 1,000 commands a
+    second), and the next transaction starts the WAL over. The file keeps its size and
+    is written again from its start: under load it stays near that threshold plus a
+    period's writes. Once the writer has been idle for :data:`IDLE_S`, a file past
+    :data:`WAL_IDLE_BYTES` is truncated (a ``TRUNCATE`` checkpoint, holding the gate). A
+    truncating checkpoint under load would hold every commit for its fsync and its
+    truncation, 35 to 45 ms each second at 1,000 commands a second (a p99 of 40 ms).
+    A reader still on old frames keeps the WAL going until a later period; nothing is
+    lost either way."""
+    conn = _connect(path)
+    conn.execute(f"PRAGMA busy_timeout = {TRUNCATE_WAIT_MS}")
     try:
         while not stop.wait(CHECKPOINT_EVERY_S):
             try:
-                checkpoint(conn, path)
+                checkpoint(conn, path, gate)
             except sqlite3.Error as exc:  # busy with another checkpointer: next time
                 print(f"store writer: checkpoint skipped: {exc}", file=sys.stderr)
         conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
@@ -110,23 +140,30 @@ def checkpoints(path: str, stop: threading.Event) -> None:
         conn.close()
 
 
-def checkpoint_connection(path: str) -> sqlite3.Connection:
-    """A connection for :func:`checkpoint`: it waits at most :data:`TRUNCATE_WAIT_MS`."""
-    conn = _connect(path)
-    conn.execute(f"PRAGMA busy_timeout = {TRUNCATE_WAIT_MS}")
-    return conn
-
-
 def checkpoint(
-    conn: sqlite3.Connection, path: str, *, truncate_bytes: int = WAL_TRUNCATE_BYTES
-) -> bool:
-    """One period of :func:`checkpoints`: passive, then ``TRUNCATE`` if the WAL is still
-    past ``truncate_bytes``. Whether the WAL was truncated."""
+    conn: sqlite3.Connection,
+    path: str,
+    gate: WriterGate,
+    *,
+    finish_bytes: int = WAL_FINISH_BYTES,
+    idle_bytes: int = WAL_IDLE_BYTES,
+    idle_s: float = IDLE_S,
+) -> str:
+    """One period of :func:`checkpoints`; what it did: ``passive``; ``finished`` (every
+    frame copied with the writer held: its next transaction starts the WAL over);
+    ``truncated`` (the writer idle, the WAL file cut to nothing)."""
     conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-    if _size(f"{path}-wal") <= truncate_bytes:
-        return False
-    ((busy, _, _),) = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-    return not busy
+    size = _size(f"{path}-wal")
+    if size > finish_bytes:
+        with gate.lock:
+            ((busy, log, copied),) = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        return "finished" if not busy and log == copied else "passive"
+    if size > idle_bytes:
+        with gate.lock:
+            if gate.idle_for() >= idle_s:
+                ((busy, _, _),) = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                return "passive" if busy else "truncated"
+    return "passive"
 
 
 def _size(path: str) -> int:
@@ -136,7 +173,9 @@ def _size(path: str) -> int:
         return 0
 
 
-def _serve(conn: sqlite3.Connection, requests: IO[bytes], replies: IO[bytes]) -> None:
+def _serve(
+    conn: sqlite3.Connection, requests: IO[bytes], replies: IO[bytes], gate: WriterGate
+) -> None:
     while True:
         header = _read_exactly(requests, FRAME_HEADER.size)
         if header is None:
@@ -147,12 +186,13 @@ def _serve(conn: sqlite3.Connection, requests: IO[bytes], replies: IO[bytes]) ->
         request = pickle.loads(body)
         failure: str | None = None
         try:
-            if request[0] == "write":
-                result: object = write_batch(conn, request[1], request[2])
-            elif request[0] == "mark":
-                result = mark_published(conn, request[1])
-            else:
-                raise ValueError(f"unknown request {request[0]!r}")
+            with gate.transaction():  # one at a time, between the checkpoints' own
+                if request[0] == "write":
+                    result: object = write_batch(conn, request[1], request[2])
+                elif request[0] == "mark":
+                    result = mark_published(conn, request[1])
+                else:
+                    raise ValueError(f"unknown request {request[0]!r}")
         except (sqlite3.Error, StoreError, ValueError) as exc:
             result, failure = None, str(exc)
         big = len(body) >= TRIM_AFTER_BYTES
@@ -193,13 +233,14 @@ def main(argv: list[str] | None = None) -> int:
             _reply(replies, ("error", f"cannot open {path}: {exc}"))
             return 1
         stop = threading.Event()
+        gate = WriterGate()
         checkpointer = threading.Thread(
-            target=checkpoints, args=(path, stop), name="checkpoint", daemon=True
+            target=checkpoints, args=(path, stop, gate), name="checkpoint", daemon=True
         )
         checkpointer.start()
         _reply(replies, ("ready", os.getpid()))
         try:
-            _serve(conn, requests, replies)
+            _serve(conn, requests, replies, gate)
         finally:
             stop.set()
             checkpointer.join(timeout=30)
