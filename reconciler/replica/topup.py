@@ -19,9 +19,11 @@ Rules (docs/architecture.md: the fold stays the only judge):
   ``release`` command ``expire-<lease>``; the pool then asks for another.
 - A top-up that was rejected (no capacity, no suitable host) is not retried at once: the
   pool backs off, ``backoff_base_s`` after the first rejection, doubling with each
-  rejection in a row up to ``backoff_cap_s``, except that a change to any host or to the
-  pool's leases looks again within ``recheck_s``, since room may have appeared; changes
-  meanwhile coalesce into that one look. Only a top-up that is admitted ends the
+  rejection in a row up to ``backoff_cap_s``, except that room appearing on a host (less
+  booked there, or the host itself changed: capacity, reserve, foreign demand, labels,
+  GPUs, schedulable; not an inventory that says what the last one said) or a change to
+  the pool's leases looks again within ``recheck_s``; changes meanwhile coalesce into
+  that one look. Only a top-up that is admitted ends the
   backoff: publishing the next one does not (each rejected top-up is an input on the
   stream and a decision, so a pool that cannot be filled must not ask twice a second
   for as long as the fleet is full).
@@ -44,7 +46,8 @@ import structlog
 from nats.js import JetStreamContext
 
 from reconciler.bus.sending import publish
-from reconciler.core.model import PoolName, RequestId
+from reconciler.core.model import HostName, PoolName, RequestId
+from reconciler.core.state import State
 from reconciler.core.status import warm_deficit
 from reconciler.replica.caches import Caches, Commit
 from reconciler.work.queue import WorkQueue, run_with_resync
@@ -122,6 +125,9 @@ class WarmPoolReconciler:
         #: pools whose last top-up was rejected: rejections in a row, and when (``clock``)
         #: the next top-up may go
         self.refused: dict[PoolName, tuple[int, float]] = {}
+        #: each host's room as last seen (:func:`_room`), to tell room appearing from an
+        #: inventory that changes nothing
+        self._rooms: dict[HostName, _Room] = {}
         self.published = 0
 
     def notify(self, commit: Commit) -> None:
@@ -137,9 +143,22 @@ class WarmPoolReconciler:
             decided = self.in_flight.get(request_id)
             if decided is not None:  # one of ours was decided: settle it
                 self.queue.add_after(decided, self.coalesce_s)
-        if commit.fx.hosts:
+        if commit.fx.hosts and self._room_appeared(commit.fx.hosts) and self.refused:
             for pool in list(self.refused):  # coalesced: a busy fleet changes all the time
                 self._recheck(pool)
+
+    def _room_appeared(self, hosts: set[HostName]) -> bool:
+        """Whether any of ``hosts`` may have more room than when last seen (a host seen
+        for the first time may); remembers what each has now."""
+        state, rooms = self.caches.state, self._rooms
+        appeared = False
+        for name in hosts:
+            room = _room(state, name)
+            before = rooms.get(name)
+            rooms[name] = room
+            if before is None or _more_room(before, room):
+                appeared = True
+        return appeared
 
     def _recheck(self, pool: PoolName) -> None:
         """Room may have appeared for a refused pool: try again within ``recheck_s``."""
@@ -267,6 +286,42 @@ class WarmPoolReconciler:
             in_a_row=count,
             retry_in_s=delay,
         )
+
+
+#: a host's room: what placement reads of the host itself, then what is booked there
+#: (cpu, memory, disk) and how many of its GPUs are held
+_Room = tuple[tuple[Any, ...], tuple[int, ...], int]
+
+
+def _room(state: State, name: HostName) -> _Room:
+    host = state.hosts.get(name)
+    entity: tuple[Any, ...] = (
+        ()
+        if host is None
+        else (
+            host.uid,
+            host.schedulable,
+            host.labels,
+            host.capacity,
+            host.reserve,
+            host.gpus,
+            host.gpu_profile,
+            host.foreign_demand,
+            host.foreign_gpus,
+        )
+    )
+    booked = state.booked.get(name)
+    held = state.gpus_held.get(name)
+    return entity, tuple(booked) if booked else (0, 0, 0), len(held) if held else 0
+
+
+def _more_room(before: _Room, now: _Room) -> bool:
+    """The host changed, or less is booked on it in some respect."""
+    return (
+        before[0] != now[0]
+        or any(n < b for n, b in zip(now[1], before[1], strict=True))
+        or now[2] < before[2]
+    )
 
 
 def _epoch(rfc3339: str) -> float | None:
