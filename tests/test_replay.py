@@ -24,7 +24,14 @@ from reconciler.core.fold import fold_input
 from reconciler.core.inputs import Input
 from reconciler.core.state import Effects, State
 from reconciler.replica.replay import ReplayError, replay_into
-from reconciler.replica.replay_reading import Found, OutputReader, widen_pipe
+from reconciler.replica.replay_reading import (
+    COMPARE_STALL_S,
+    Found,
+    InputReader,
+    OutputReader,
+    StreamReader,
+    widen_pipe,
+)
 from reconciler.replica.snapshots import SnapshotBucket, SnapshotPublisher, object_name
 from reconciler.store.snapshot import read_snapshot
 from reconciler.store.sqlite import Store
@@ -222,6 +229,69 @@ async def test_the_output_reader_reads_to_the_streams_end_when_named_one_behind_
     await reader.run()
     assert reader.last == 30
     assert [msg_id for _, msg_id, _, _ in reader.found] == [f"out:r{i}" for i in range(30)]
+
+
+class _LosesOne(StreamReader):
+    """A stream reader whose connection loses one delivery, of stream sequence ``lose``,
+    once: what a network can lose between the server and the client. At the tail no
+    later delivery shows the consumer's sequence skipping."""
+
+    def __init__(self, *args: Any, lose: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lose = lose
+
+    def _on_message(
+        self, generation: int, subject: str, reply: str, data: bytes, headers: bytes | None
+    ) -> None:
+        tokens = reply.split(".")
+        seq = int(tokens[5]) if len(tokens) == 9 else int(tokens[7]) if len(tokens) >= 12 else 0
+        if self.lose and seq == self.lose:
+            self.lose = 0
+            return
+        super()._on_message(generation, subject, reply, data, headers)
+
+
+async def _thirty_outputs(nc: Client) -> StreamNames:
+    bus = BusClient(nc)
+    await bus.ensure_streams()
+    js = nc.jetstream()
+    for i in range(30):
+        await js.publish(f"rc.out.decision.r{i}", b"{}", headers={"Nats-Msg-Id": f"out:r{i}"})
+    return StreamNames.for_prefix("rc")
+
+
+async def test_a_delivery_lost_at_the_tail_is_read_again_not_waited_for(nc: Client) -> None:
+    """The last delivery lost: the requests end with nothing short of the stream's
+    known end, and the reader starts again after the last one taken, at once rather than
+    after COMPARE_STALL_S (the output reader) or never (the inputs)."""
+    names = await _thirty_outputs(nc)
+    js = nc.jetstream()
+    lossy = _LosesOne(nc, js, stream=names.out_stream, chunk=8, timeout_s=0.3, lose=30)
+    taken: list[int] = []
+    with anyio.fail_after(10):
+        while lossy.last_taken < 30:
+            taken += [seq for _, seq, _, _ in await lossy.take(until=30)]
+    await lossy.close()
+    assert taken == list(range(1, 31))
+    # the output reader, once told the stream's end
+    outputs = OutputReader(nc, js, names, chunk=8, since=None)
+    outputs.reader = _LosesOne(nc, js, stream=names.out_stream, chunk=8, timeout_s=0.3, lose=30)
+    outputs.until(30)
+    with anyio.fail_after(COMPARE_STALL_S / 3):
+        await outputs.run()
+    assert [msg_id for _, msg_id, _, _ in outputs.found] == [f"out:r{i}" for i in range(30)]
+    # the inputs' reader, which knows its last sequence from the start
+    inputs = InputReader(nc, js, names, chunk=8)
+    await inputs.start_inputs(1, 30)
+    inputs._reader = _LosesOne(
+        nc, js, stream=names.out_stream, chunk=8, timeout_s=0.3, start_seq=1, lose=30
+    )
+    seqs: list[int] = []
+    with anyio.fail_after(10):
+        while (batch := await inputs.take_inputs()) is not None:
+            seqs += [seq for _, _, seq, _, _ in batch]
+    await inputs.close_inputs()
+    assert seqs == list(range(1, 31))
 
 
 @pytest.mark.parametrize("flags", [["--no-websocket"], []])

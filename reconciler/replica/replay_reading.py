@@ -8,7 +8,8 @@ Rules:
   themselves once inactive), with pull requests of ``chunk`` messages made ahead so the
   next deliveries are on their way while the caller folds.
 - Deliveries are taken in order; one lost between server and client (the consumer's
-  own sequence skips) restarts the consumer after the last one taken.
+  own sequence skips, or, at the tail, requests end with nothing short of the sequence
+  the stream is known to hold) restarts the consumer after the last one taken.
 - The OUT stream is read while the snapshot is fetched and the tail folded, in a child
   process when the replay knows how to connect (:class:`ReaderProcess`, ``python -m
   reconciler.replica.replay_child``), else on the replay's own loop
@@ -233,9 +234,12 @@ class StreamReader:
         """Have a :meth:`take` waiting for messages return (empty) at once."""
         self._arrived.set()
 
-    async def take(self) -> list[tuple[RawMessage, int, int, int]]:
+    async def take(self, *, until: int | None = None) -> list[tuple[RawMessage, int, int, int]]:
         """Up to ``chunk`` messages in order, each with ``(stream_seq, delivered,
-        timestamp_ns)``; ``[]`` when none came within the timeout."""
+        timestamp_ns)``; ``[]`` when none came within the timeout. ``until``: the last
+        sequence the stream is known to hold. Requests that end with nothing delivered
+        short of it mean a delivery was lost at the tail, where no later one shows the
+        consumer sequence skipping: the consumer restarts after the last one taken."""
         if self._broken or self._sub is None:
             await self.start()
         if not self._buffer:
@@ -244,6 +248,12 @@ class StreamReader:
             with anyio.move_on_after(self.timeout_s + _READ_GRACE_S) as scope:
                 await self._arrived.wait()
             if scope.cancelled_caught:  # the server lost the requests (a reconnect)
+                self._broken = True
+                return []
+            if not self._buffer and until is not None and self.last_taken < until:
+                logger.warning(
+                    "replay.read_stalled", stream=self.stream, after=self.last_taken, until=until
+                )
                 self._broken = True
                 return []
         out: list[tuple[RawMessage, int, int, int]] = []
@@ -348,7 +358,7 @@ class OutputReader:
                     self.last = end
                 if self.pace is not None and self.last is None:
                     await self.pace()
-                msgs = await reader.take()
+                msgs = await reader.take(until=self.last)
                 if not msgs:
                     quiet = time.monotonic() - self._quiet_since
                     if self.last is not None and quiet >= COMPARE_STALL_S:
@@ -414,7 +424,7 @@ class InputReader:
         last = self._last
         while self._taken < last:
             batch: list[RawInput] = []
-            for (subject, _, data, _), seq, delivered, ts in await reader.take():
+            for (subject, _, data, _), seq, delivered, ts in await reader.take(until=last):
                 if seq > last:
                     self._taken = last
                     break
