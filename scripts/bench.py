@@ -5,8 +5,9 @@ Performance is measured here, never by timed unit tests (docs/performance.md,
 "Targets"): as ratios against a bare nats-py loop measured in the same run, as latency
 percentiles, and as memory. Everything runs against a ``nats-server -js`` that this script
 starts on a random loopback port in a temporary directory and stops at the end; the
-reconciler is the real one, ``python -m reconciler.cli.main run``, as a subprocess (so the
-benchmark client never competes for its event loop, and its RSS is its own).
+reconciler is the real one, ``python -m reconciler.cli run`` (what the console script
+runs), as a subprocess (so the benchmark client never competes for its event loop, and
+its RSS is its own).
 
 Workload
     ``--hosts`` host snapshots (64 vCPU, 256 GiB, 2 TB each), a cold pool and a warm
@@ -581,7 +582,7 @@ class NatsServerProcess:
 
 
 class ReconcilerProcess:
-    """``python -m reconciler.cli.main run`` on one prefix, with its own SQLite file."""
+    """``python -m reconciler.cli run`` on one prefix, with its own SQLite file."""
 
     def __init__(
         self,
@@ -617,7 +618,7 @@ class ReconcilerProcess:
         return self._proc.pid
 
     def start(self) -> None:
-        args = [sys.executable, "-m", "reconciler.cli.main", "run",
+        args = [sys.executable, "-m", "reconciler.cli", "run",
                 "--nats-url", self.url, "--db", str(self.db), "--prefix", self.prefix,
                 "--replica", REPLICA, "--batch", str(self.batch),
                 "--log-format", "json", "--log-level", self.log_level,

@@ -20,6 +20,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
+from reconciler.cli.entry import run_without_aiohttp
 from reconciler.cli.gc_policy import DEFAULT_GC_THRESHOLD, apply_gc_threshold
 from reconciler.cli.main import cli
 from reconciler.store.sqlite import Store
@@ -29,7 +30,8 @@ from tests.bus import BusClient
 
 pytestmark = pytest.mark.timeout(90)
 
-RECONCILER = [sys.executable, "-m", "reconciler.cli.main"]
+#: as the ``reconciler`` console script runs (reconciler.cli.entry)
+RECONCILER = [sys.executable, "-m", "reconciler.cli"]
 
 
 def on_bus(url: str, work: Callable[[BusClient], Awaitable[Any]]) -> Any:
@@ -112,10 +114,16 @@ def get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+def aiohttp_loaded(pid: int) -> bool:
+    """Whether aiohttp's extension modules are mapped into process ``pid``."""
+    return "/aiohttp/" in Path(f"/proc/{pid}/maps").read_text()
+
+
 def test_run_serves_metrics_and_health_and_stops_gracefully_on_sigterm(
     served: tuple[str, Path, RunningProcess],
 ) -> None:
     process = served[2]
+    assert aiohttp_loaded(process.proc.pid)  # --metrics-addr: its server needs aiohttp
     port = metrics_port(process)
     assert get(f"http://127.0.0.1:{port}/healthz") == (200, "ok\n")
     status, body = get(f"http://127.0.0.1:{port}/readyz")
@@ -143,6 +151,52 @@ def test_run_serves_metrics_and_health_and_stops_gracefully_on_sigterm(
         "r3": "rejected",
     }
     assert [d["reason"] for d in decisions if d["request_id"] == "r3"] == ["insufficient-capacity"]
+
+
+def test_a_run_without_websocket_or_metrics_never_loads_aiohttp(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """nats-py imports aiohttp for its WebSocket transport only; the console script marks
+    it absent for a ``run`` that cannot need it (a tenth of a replica's memory), and the
+    replica decides as ever."""
+    process = RunningProcess(nats_url, tmp_path / "rc.db", tmp_path / "run.log")
+    try:
+
+        async def drive(bus: BusClient) -> Any:
+            await bus.wait_caught_up(within_s=20)
+            await bus.send(
+                b.snapshot("h1", cpu=8, memory_mib=16384, disk_gib=200),
+                b.pool("web", cpu=4, memory_mib=8192, disk_gib=40),
+                b.admit("r1", "web", "vm-1"),
+            )
+            return await bus.decision("r1")
+
+        assert on_bus(nats_url, drive)["outcome"] == "admitted"
+        assert not aiohttp_loaded(process.proc.pid)
+        assert process.stop() == 0
+    finally:
+        if process.proc.poll() is None:
+            process.stop(signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "without"),
+    [
+        (["run", "--nats-url", "nats://a:4222"], {}, True),
+        (["run"], {"RC_NATS_URL": "tls://a:4222"}, True),
+        (["run", "--nats-url", "nats://a:4222,WSS://b:443"], {}, False),
+        (["run"], {"RC_NATS_URL": "ws://a:8080"}, False),
+        (["run", "--metrics-addr", "127.0.0.1:9100"], {}, False),
+        (["run", "--metrics-addr=127.0.0.1:9100"], {}, False),
+        (["run"], {"RC_METRICS_ADDR": "127.0.0.1:9100"}, False),
+        (["bridge", "--nats-url", "nats://a:4222"], {}, False),
+        ([], {}, False),
+    ],
+)
+def test_the_console_script_leaves_aiohttp_out_only_of_a_run_that_cannot_need_it(
+    args: list[str], env: dict[str, str], without: bool
+) -> None:
+    assert run_without_aiohttp(args, env) is without
 
 
 def test_replay_audit_and_status_after_a_run(served: tuple[str, Path, RunningProcess]) -> None:
