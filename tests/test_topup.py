@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import anyio
+
 from reconciler.core.model import HostName, PoolName
 from reconciler.core.state import State
 from reconciler.replica.caches import Caches, Commit
@@ -97,3 +99,12 @@ def test_more_booked_on_a_host_does_not_look_again() -> None:
     warm = _refused(fleet, clock)
     _send(warm, fleet, admit("c9", "cold", "vm-9"))
     assert WEB not in warm.queue.waiting()
+
+
+def test_a_pool_that_needs_nothing_any_more_ends_its_backoff() -> None:
+    clock = FakeClock()
+    fleet = _full_fleet()
+    warm = _refused(fleet, clock)
+    fleet.send(pool("web", cpu=4, min_ready=0, max_ready=0))
+    anyio.run(warm.reconcile, "web")
+    assert WEB not in warm.refused

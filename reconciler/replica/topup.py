@@ -23,10 +23,10 @@ Rules (docs/architecture.md: the fold stays the only judge):
   booked there, or the host itself changed: capacity, reserve, foreign demand, labels,
   GPUs, schedulable; not an inventory that says what the last one said) or a change to
   the pool's leases looks again within ``recheck_s``; changes meanwhile coalesce into
-  that one look. Only a top-up that is admitted ends the
-  backoff: publishing the next one does not (each rejected top-up is an input on the
-  stream and a decision, so a pool that cannot be filled must not ask twice a second
-  for as long as the fleet is full).
+  that one look. Only a top-up that is admitted ends the backoff (or a pool that needs
+  nothing any more): publishing the next one does not, since each rejected top-up is
+  an input on the stream and a decision, and a pool that cannot be filled must not ask
+  twice a second for as long as the fleet is full.
 - Otherwise a pool is looked at ``coalesce_s`` (50 ms) after a commit touched it: the
   commits meanwhile coalesce into that one look, instead of one look per commit (a
   busy pool commits hundreds of times a second, and a VM boots in seconds).
@@ -181,13 +181,16 @@ class WarmPoolReconciler:
         pool = PoolName(pool_name)
         self._settle(pool)
         await self._expire_stuck(pool)
+        deficit = warm_deficit(state, pool)
+        if deficit <= 0:  # nothing to ask for (filled otherwise, lowered, deleted)
+            self.refused.pop(pool, None)
+            return
         if pool in self.refused:
             wait = self.refused[pool][1] - self._clock()
             if wait > 0:  # not before the backoff (or a change) says so
                 self.queue.add_after(pool, wait)
                 return
-        travelling = sum(1 for p in self.in_flight.values() if p == pool)
-        wanted = warm_deficit(state, pool) - travelling
+        wanted = deficit - sum(1 for p in self.in_flight.values() if p == pool)
         if wanted <= 0:
             return
         seq = state.applied_seq
