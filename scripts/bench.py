@@ -1351,7 +1351,7 @@ async def soak_phase(ctx: Context) -> dict[str, Any]:
             "db_bytes_per_command": None if db_slope is None else round(db_slope, 2),
             "db_and_wal_bytes_per_command": None if both_slope is None else round(both_slope, 2),
             # the largest WAL file sampled (a writer that never pauses outruns passive
-            # checkpoints; the store truncates a WAL past 64 MiB)
+            # checkpoints; the store starts a WAL past 64 MiB over between two commits)
             "wal_bytes_max": max(s["wal_bytes"] for s in samples),
             "rss_bytes_per_command_first_to_last": round(
                 (last["rss_mib"] - first["rss_mib"]) * mib / span, 2

@@ -30,9 +30,9 @@ from reconciler.replica.replay_reading import (
     InputReader,
     OutputReader,
     StreamReader,
-    widen_pipe,
 )
 from reconciler.replica.snapshots import SnapshotBucket, SnapshotPublisher, object_name
+from reconciler.store.pipes import widen_pipe
 from reconciler.store.snapshot import read_snapshot
 from reconciler.store.sqlite import Store
 from tests import builders as b
@@ -212,18 +212,23 @@ async def test_the_output_reader_hands_outputs_over_as_it_reads(
     assert [f for part in handed for f in part] + forwarding.found == whole.found
 
 
+async def _thirty_outputs(nc: Client) -> StreamNames:
+    bus = BusClient(nc)
+    await bus.ensure_streams()
+    js = nc.jetstream()
+    for i in range(30):
+        await js.publish(f"rc.out.decision.r{i}", b"{}", headers={"Nats-Msg-Id": f"out:r{i}"})
+    return StreamNames.for_prefix("rc")
+
+
 async def test_the_output_reader_reads_to_the_streams_end_when_named_one_behind_it(
     nc: Client,
 ) -> None:
     """The OUT stream's end as named once the fold is done can be behind the stream (a
     clustered stream answering just after its leader moved): once the reader reached
     it, it asks the end again until it stays put, and reads up to there."""
-    bus = BusClient(nc)
-    await bus.ensure_streams()
+    names = await _thirty_outputs(nc)
     js = nc.jetstream()
-    names = StreamNames.for_prefix("rc")
-    for i in range(30):
-        await js.publish(f"rc.out.decision.r{i}", b"{}", headers={"Nats-Msg-Id": f"out:r{i}"})
     reader = OutputReader(nc, js, names, chunk=8, since=None)
     reader.until(12)  # what a stale answer would have said
     await reader.run()
@@ -249,15 +254,6 @@ class _LosesOne(StreamReader):
             self.lose = 0
             return
         super()._on_message(generation, subject, reply, data, headers)
-
-
-async def _thirty_outputs(nc: Client) -> StreamNames:
-    bus = BusClient(nc)
-    await bus.ensure_streams()
-    js = nc.jetstream()
-    for i in range(30):
-        await js.publish(f"rc.out.decision.r{i}", b"{}", headers={"Nats-Msg-Id": f"out:r{i}"})
-    return StreamNames.for_prefix("rc")
 
 
 async def test_a_delivery_lost_at_the_tail_is_read_again_not_waited_for(nc: Client) -> None:
@@ -328,4 +324,4 @@ def test_the_reader_child_widens_its_pipe_to_the_replay() -> None:
 
 def test_widening_what_is_not_a_pipe_changes_nothing_and_says_so(tmp_path: Path) -> None:
     with (tmp_path / "file").open("wb") as file:
-        assert widen_pipe(file) == 0
+        assert widen_pipe(file, 4 << 20) == 0

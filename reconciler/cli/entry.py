@@ -2,7 +2,7 @@
 happen before the command line's own module is imported.
 
 nats-py imports aiohttp for its WebSocket transport whether or not a server is reached
-over WebSocket: 19 MiB of an idle replica's 75 MiB, and a fifth of its start-up.
+over WebSocket: 9 MiB of an idle replica's 75 MiB (measured by ``scripts/bench``).
 ``reconciler run`` needs aiohttp only for a ``ws://``/``wss://`` server or for
 ``--metrics-addr`` (Prometheus), so without either it is marked absent before nats-py is
 imported, as the GARM provider and the replay's reader child already do. The decision

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import functools
 import logging
 import os
@@ -67,6 +66,7 @@ from reconciler.bus.direct import (
 )
 from reconciler.bus.publisher import MSG_ID
 from reconciler.bus.streams import StreamNames
+from reconciler.store.pipes import widen_pipe
 
 __all__ = [
     "COMPARE_STALL_S",
@@ -681,31 +681,12 @@ def _write(pipe: BinaryIO, data: bytes) -> None:
     pipe.flush()
 
 
-def widen_pipe(pipe: BinaryIO, size: int = _PIPE_BYTES) -> int:
-    """Make ``pipe`` hold up to ``size`` bytes, or as many as the system allows; its size
-    then (0 where pipes cannot be resized: not Linux, or not a pipe)."""
-    setsize, getsize = getattr(fcntl, "F_SETPIPE_SZ", None), getattr(fcntl, "F_GETPIPE_SZ", None)
-    if setsize is None or getsize is None:
-        return 0
-    try:
-        limit = int(Path("/proc/sys/fs/pipe-max-size").read_text())
-    except (OSError, ValueError):
-        limit = 1 << 20
-    # not a pipe, or more than this process may have: it keeps the size it has
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(pipe.fileno(), setsize, min(size, limit))
-    try:
-        return int(fcntl.fcntl(pipe.fileno(), getsize))
-    except OSError:
-        return 0
-
-
 def child_main() -> None:
     """The child's main (:mod:`reconciler.replica.replay_child`): its stdout is the pipe
     to the replay, nothing else."""
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    widen_pipe(answers)
+    widen_pipe(answers, _PIPE_BYTES)
     # the replay reports; its reader only warns (a lost delivery, a consumer not deleted)
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),

@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import fcntl
 import os
 import pickle
 import sys
@@ -53,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.store.errors import StoreError
+from reconciler.store.pipes import widen_pipe
 from reconciler.store.transactions import Writes
 from reconciler.store.writer_child import CHECKPOINT_EVERY_S, FRAME_HEADER
 
@@ -66,7 +66,6 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 #: the size asked for the request pipe (Linux caps it at ``/proc/sys/fs/pipe-max-size``)
 PIPE_BYTES = 1 << 20
-_DEFAULT_PIPE_BYTES = 1 << 16
 
 
 def _widen(stdin: asyncio.StreamWriter | None) -> None:
@@ -74,22 +73,8 @@ def _widen(stdin: asyncio.StreamWriter | None) -> None:
     stays). A batch of a thousand inputs is about a megabyte: with the default it
     crosses in some twenty writes, each waiting for the event loop's next turn."""
     pipe = stdin.get_extra_info("pipe") if stdin is not None else None
-    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)
-    if pipe is None or set_size is None:
-        return
-    for size in (PIPE_BYTES, _pipe_max_size()):
-        if size <= _DEFAULT_PIPE_BYTES:
-            continue  # never narrower than the default
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(pipe.fileno(), set_size, size)
-            return
-
-
-def _pipe_max_size() -> int:
-    try:
-        return int(Path("/proc/sys/fs/pipe-max-size").read_text())
-    except (OSError, ValueError):
-        return 0
+    if pipe is not None:
+        widen_pipe(pipe, PIPE_BYTES)
 
 
 # ============================================================================= parent
