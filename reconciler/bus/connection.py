@@ -16,6 +16,13 @@ Rules:
 - ``tls_ca_file`` makes a TLS context that verifies the server against that CA; without
   it, a ``tls://`` URL uses the system's trust store. ``tls_cert_file`` and
   ``tls_key_file`` add a client certificate (a server with ``verify: true`` asks for one).
+- TLS never falls back to plaintext. A ``tls://`` URL or any TLS option means TLS or no
+  connection: nats-py itself upgrades to TLS only when the server's ``INFO`` asks for it,
+  so the client checks every server's ``INFO`` (first connection, reconnection,
+  discovered cluster members alike) before anything of ours is sent. A server that offers
+  TLS without requiring it (``allow_non_tls``) is spoken to in TLS; one that does not
+  offer it is refused (:class:`TlsNotOffered`), and the first connection fails at once
+  with :class:`ConnectRefused`: no ``CONNECT``, hence no credential, ever reaches it.
 - ``nkey_seed_file`` authenticates with an NKey seed file (the seed is read by nats-py,
   never held by us); ``inbox_prefix`` scopes every reply subject (requests, publish acks,
   pull deliveries) so that a least-privilege user subscribes to ``<prefix>.>`` only.
@@ -32,15 +39,23 @@ import math
 import re
 import ssl
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import anyio
 import structlog
+from nats import errors as nats_errors
 from nats.aio.client import Client
 
 from reconciler.bus.violations import watch_of
 
-__all__ = ["DEFAULT_NATS_URL", "ConnectOptions", "ConnectRefused", "connect", "parse_urls"]
+__all__ = [
+    "DEFAULT_NATS_URL",
+    "ConnectOptions",
+    "ConnectRefused",
+    "TlsNotOffered",
+    "connect",
+    "parse_urls",
+]
 
 logger = structlog.get_logger(__name__)
 
@@ -86,11 +101,26 @@ class ConnectOptions:
             raise ValueError("a TLS client certificate and its key go together")
         if not re.fullmatch(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*", self.inbox_prefix):
             raise ValueError(f"inbox prefix {self.inbox_prefix!r} is not a subject of plain tokens")
+        if self.requires_tls:
+            plain_ws = [url for url in self.urls if url.lower().startswith("ws://")]
+            if plain_ws:
+                raise ValueError(
+                    f"{plain_ws[0]} is a plain WebSocket URL, but TLS was asked for "
+                    "(a tls:// URL or a TLS option): use wss:// for TLS over WebSocket"
+                )
 
     @property
     def uses_tls(self) -> bool:
         """Whether the options ask for TLS beyond what a ``tls://`` URL implies."""
-        return any((self.tls_ca_file, self.tls_cert_file))
+        return any((self.tls_ca_file, self.tls_cert_file, self.tls_key_file))
+
+    @property
+    def requires_tls(self) -> bool:
+        """Whether every connection must be TLS: a ``tls://`` (or ``wss://``) URL, or any
+        TLS option. Such options never fall back to plaintext."""
+        return self.uses_tls or any(
+            url.lower().startswith(("tls://", "wss://")) for url in self.urls
+        )
 
     @classmethod
     def from_url(cls, url: str, **options: object) -> ConnectOptions:
@@ -118,13 +148,18 @@ def tls_context(
 
 async def connect(opts: ConnectOptions) -> Client:
     """Connect to NATS with ``opts``; the returned client reconnects forever."""
+    if opts.requires_tls and not supports_tls_guard():
+        raise RuntimeError(
+            "this nats-py version cannot be checked to never fall back from TLS to "
+            "plaintext; install a nats-py the project supports (pip install -e .)"
+        )
     needs_nkeys = opts.creds_file is not None or opts.nkey_seed_file is not None
     if needs_nkeys and importlib.util.find_spec("nkeys") is None:
         raise RuntimeError(
             "--nats-creds and --nats-nkey need the nkeys package (pip install 'nats-py[nkeys]')"
         )
     log = logger.bind(connection=opts.name)
-    nc = Client()
+    nc = _TlsOnlyClient() if opts.requires_tls else Client()
     watch = watch_of(nc)
     #: why the first connection can never succeed (TLS or credentials refused)
     refusals: list[str] = []
@@ -223,11 +258,63 @@ async def connect(opts: ConnectOptions) -> Client:
 
 class ConnectRefused(ConnectionError):
     """The first connection was refused for a reason that retrying cannot cure: the
-    server's certificate, our client certificate, or our credentials."""
+    server's certificate, our client certificate, our credentials, or a server that
+    does not offer the TLS we asked for."""
+
+
+class TlsNotOffered(nats_errors.Error):
+    """A server we must speak TLS to does not offer it (its ``INFO`` has neither
+    ``tls_required`` nor ``tls_available``). Raised before ``CONNECT`` is written."""
+
+    def __str__(self) -> str:
+        return (
+            "the server does not offer TLS, but TLS was asked for (a tls:// URL or "
+            "--tls-ca/--tls-cert/--tls-key): nothing was sent to it; configure TLS on the "
+            "server, or use a nats:// URL without TLS options"
+        )
+
+
+class _TlsOnlyClient(Client):
+    """A nats-py client that never speaks plaintext to a server.
+
+    nats-py reads a server's ``INFO`` and hands it to ``_process_info`` (with
+    ``initial_connection=True``) before it decides whether to start TLS and before it
+    writes ``CONNECT`` with the credentials. This is the one place where nats-py lets us
+    look at a new connection's ``INFO`` first: a server that allows TLS without requiring
+    it is marked as requiring it (nats-py then upgrades), and one without TLS is refused.
+    ``supports_tls_guard`` checks that the method is still there; ``connect`` refuses to
+    run a TLS connection on a nats-py without it rather than risk a plaintext one.
+    """
+
+    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+        scheme = getattr(getattr(self._current_server, "uri", None), "scheme", "")
+        if initial_connection and scheme not in ("ws", "wss") and not info.get("tls_required"):
+            if not info.get("tls_available"):
+                # hang up now: whatever nats-py does next (a cancelled connect, a retry)
+                # must not find this socket open, let alone write to it
+                transport = getattr(self, "_transport", None)
+                if transport is not None:
+                    transport.close()
+                raise TlsNotOffered()
+            info["tls_required"] = True  # nats-py upgrades the socket on this flag alone
+        await super()._process_info(info, initial_connection=initial_connection)
+
+
+def supports_tls_guard() -> bool:
+    """Whether this nats-py still reads a new connection's ``INFO`` through the method
+    :class:`_TlsOnlyClient` overrides (present in every nats-py 2.x)."""
+    import inspect
+
+    method = getattr(Client, "_process_info", None)
+    if method is None or not inspect.iscoroutinefunction(method):
+        return False
+    return "initial_connection" in inspect.signature(method).parameters
 
 
 def _refusal(exc: BaseException) -> str | None:
     """What an error of a first connection attempt means, when it is final."""
+    if isinstance(exc, TlsNotOffered):
+        return str(exc)
     text = str(exc)
     if isinstance(exc, ssl.SSLCertVerificationError):
         return (
