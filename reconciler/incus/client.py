@@ -15,6 +15,9 @@ Rules:
 - **Idempotent mutations, after DRA's Deallocate rule**: creating an instance that
   already exists with the same ``user.rc.lease-id`` returns it; starting a running one,
   stopping a stopped one, and stopping or deleting a missing one succeed.
+- **A destroy waits out the instance's running operations** (a create still unpacking
+  its image holds the instance's lock, and Incus refuses a stop or delete meanwhile), so
+  a delete right after a killed create succeeds and leaves nothing behind.
 - **Views out.** Answers are turned into the frozen dataclasses of
   :mod:`reconciler.incus.views`; nothing pylxd leaves this module.
 - The pylxd client is made on first use and dropped after a connection failure, so the
@@ -29,6 +32,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 import anyio
 import requests
@@ -44,6 +48,7 @@ from reconciler.incus.errors import (
     IncusUnavailable,
     InstanceAlreadyRunning,
     InstanceAlreadyStopped,
+    InstanceBusy,
     InstanceExists,
     InstanceNameTaken,
     InstanceNotFound,
@@ -74,6 +79,7 @@ T = TypeVar("T")
 
 #: operation errors that name a condition, by Incus's text
 _OPERATION_ERRORS: tuple[tuple[str, type[OperationFailed]], ...] = (
+    ("Instance is busy running a", InstanceBusy),
     ("The instance is already stopped", InstanceAlreadyStopped),
     ("The instance is already running", InstanceAlreadyRunning),
     ("doesn't match instance type", ImageTypeMismatch),
@@ -83,6 +89,18 @@ _OPERATION_ERRORS: tuple[tuple[str, type[OperationFailed]], ...] = (
     ("UNIQUE constraint failed: instances.project_id, instances.name", InstanceNameTaken),
     ("already exists", InstanceNameTaken),
 )
+
+
+#: operation status codes (Incus's ``api.StatusCode``)
+_RUNNING, _PENDING = 103, 105
+
+
+def _names_instance(url: str, name: str, project: str) -> bool:
+    """Whether a resource URL (``/1.0/instances/NAME``, ``?project=P`` outside the
+    default project) is instance ``name`` of ``project``."""
+    parts = urlsplit(str(url))
+    in_project = parse_qs(parts.query).get("project", ["default"])[0]
+    return parts.path.rstrip("/") == f"/1.0/instances/{name}" and in_project == project
 
 
 def _is_instance_not_found(message: str) -> bool:
@@ -152,23 +170,64 @@ class IncusHost:
         metadata = await self._get(("storage-pools", pool, "resources"))
         return int(metadata["space"]["total"]) // GIB
 
-    async def list_instances(self) -> list[InstanceView]:
-        """Every instance of every project, with status (``recursion=1``), by project, name."""
-        found = await self._get(("instances",), params={"all-projects": "true", "recursion": 1})
+    async def list_instances(self, *, full: bool = False) -> list[InstanceView]:
+        """Every instance of every project, with status (``recursion=1``), by project, name;
+        ``full`` reads their state too (``recursion=2``: addresses; costlier for Incus)."""
+        params = {"all-projects": "true", "recursion": 2 if full else 1}
+        found = await self._get(("instances",), params=params)
         views = [instance_view(m, host_memory_mib=self._memory_mib) for m in found]
         return sorted(views, key=lambda v: (v.project, v.name))
 
     async def get_instance(
-        self, name: str, *, project: str = "default", timeout_s: float | None = None
+        self,
+        name: str,
+        *,
+        project: str = "default",
+        timeout_s: float | None = None,
+        full: bool = False,
     ) -> InstanceView | None:
-        """One instance, or ``None`` if it does not exist; other failures raise."""
+        """One instance, or ``None`` if it does not exist; other failures raise. ``full``
+        reads its state too (addresses)."""
+        params: dict[str, Any] = {"project": project}
+        if full:
+            params["recursion"] = 1
         try:
-            found = await self._get(
-                ("instances", name), params={"project": project}, timeout_s=timeout_s
-            )
+            found = await self._get(("instances", name), params=params, timeout_s=timeout_s)
         except InstanceNotFound:
             return None
         return instance_view(found, host_memory_mib=self._memory_mib)
+
+    async def running_operations(
+        self, name: str, *, project: str = "default"
+    ) -> list[dict[str, Any]]:
+        """The running (or pending) operations whose resources name instance ``name`` of
+        ``project``, as Incus lists them."""
+        listed = await self._get(("operations",), params={"project": project, "recursion": 1})
+        return [
+            op
+            for ops in (listed or {}).values()
+            for op in ops or ()
+            if isinstance(op, dict)
+            and int(op.get("status_code", 0)) in (_RUNNING, _PENDING)
+            and any(
+                _names_instance(url, name, project)
+                for url in (op.get("resources") or {}).get("instances") or ()
+            )
+        ]
+
+    async def wait_for_operations(self, name: str, *, project: str = "default") -> list[str]:
+        """Wait until no operation of instance ``name`` runs (bounded by
+        ``operation_timeout_s`` each); their descriptions. How they end does not matter."""
+        waited: list[str] = []
+        while ops := await self.running_operations(name, project=project):
+            for op in ops:
+                waited.append(str(op.get("description", "")))
+                with contextlib.suppress(OperationFailed, OperationLost):
+                    await self._in_thread(
+                        functools.partial(self._wait, str(op["id"])),
+                        budget_s=self.operation_timeout_s + 2 * self.request_timeout_s,
+                    )
+        return waited
 
     # ------------------------------------------------------------------ mutations
 
@@ -204,10 +263,28 @@ class IncusHost:
         with contextlib.suppress(InstanceNotFound):
             await self._mutate("delete", ("instances", name), params={"project": project})
 
-    async def destroy_instance(self, name: str, *, project: str = "default") -> None:
-        """GARM's delete: forced stop (tolerating missing and stopped), then delete."""
-        await self.stop_instance(name, project=project, force=True)
-        await self.delete_instance(name, project=project)
+    async def destroy_instance(self, name: str, *, project: str = "default") -> tuple[str, ...]:
+        """GARM's delete: forced stop (tolerating missing and stopped), then delete; the
+        descriptions of the operations it waited for.
+
+        Running operations of the instance are waited for first: Incus refuses a stop or
+        a delete while one holds the instance's lock (``Instance is busy running a
+        "create" operation``), and a create whose record is not written yet would bring
+        the instance back after a delete that found nothing. Bounded by
+        ``operation_timeout_s``."""
+        deadline = time.monotonic() + self.operation_timeout_s
+        waited: list[str] = []
+        while True:
+            waited += await self.wait_for_operations(name, project=project)
+            try:
+                await self.stop_instance(name, project=project, force=True)
+                await self.delete_instance(name, project=project)
+            except InstanceBusy:
+                if time.monotonic() >= deadline:
+                    raise
+                await anyio.sleep(0.1)
+                continue
+            return tuple(waited)
 
     async def update_config(
         self, name: str, config: Mapping[str, str], *, project: str = "default"

@@ -29,6 +29,7 @@ __all__ = [
     "IncusUnavailable",
     "InstanceAlreadyRunning",
     "InstanceAlreadyStopped",
+    "InstanceBusy",
     "InstanceExists",
     "InstanceNameTaken",
     "InstanceNotFound",
@@ -92,6 +93,11 @@ class InstanceAlreadyStopped(OperationFailed):
 
 class InstanceAlreadyRunning(OperationFailed):
     """A start of a running instance ("The instance is already running")."""
+
+
+class InstanceBusy(OperationFailed):
+    """Another operation of the instance holds its lock ("Instance is busy running a
+    "create" operation"): temporary, it passes when that operation ends."""
 
 
 class CreateRefused(OperationFailed):

@@ -90,6 +90,13 @@ class InstanceView:
     config: Mapping[str, str] = field(default_factory=dict)
     resources: Resources = ZERO
     gpus: tuple[str, ...] = ()
+    #: the image's ``image.os`` and ``image.release`` (Incus copies them at create)
+    os_name: str = ""
+    os_version: str = ""
+    #: Incus's architecture name (``x86_64``, ``aarch64``…)
+    architecture: str = ""
+    #: global-scope addresses, by interface name; only in full views (with ``state``)
+    addresses: tuple[str, ...] = ()
 
     @property
     def lease_id(self) -> str | None:
@@ -230,6 +237,17 @@ def host_resources(
     )
 
 
+def _global_addresses(state: Any) -> tuple[str, ...]:
+    """The ``global`` addresses of a full view's ``state.network``, by interface name."""
+    network = (state or {}).get("network") or {}
+    return tuple(
+        str(address["address"])
+        for _, nic in sorted(network.items())
+        for address in (nic or {}).get("addresses") or ()
+        if address.get("scope") == "global" and address.get("address")
+    )
+
+
 def _root_disk_gib(devices: Mapping[str, Mapping[str, str]]) -> int:
     for device in devices.values():
         if device.get("type") == "disk" and device.get("path") == "/":
@@ -240,7 +258,7 @@ def _root_disk_gib(devices: Mapping[str, Mapping[str, str]]) -> int:
 
 
 def instance_view(metadata: Mapping[str, Any], *, host_memory_mib: int = 0) -> InstanceView:
-    """An ``Instance`` object (recursion 1 or 2) as a view."""
+    """An ``Instance`` object (recursion 1, or 2 with its ``state``) as a view."""
     config: Mapping[str, str] = metadata.get("expanded_config") or metadata.get("config") or {}
     devices: Mapping[str, Mapping[str, str]] = (
         metadata.get("expanded_devices") or metadata.get("devices") or {}
@@ -255,6 +273,10 @@ def instance_view(metadata: Mapping[str, Any], *, host_memory_mib: int = 0) -> I
     )
     own: Mapping[str, str] = metadata.get("config") or {}
     return InstanceView(
+        os_name=str(config.get("image.os", "")),
+        os_version=str(config.get("image.release", "")),
+        architecture=str(metadata.get("architecture", "")),
+        addresses=_global_addresses(metadata.get("state")),
         name=str(metadata["name"]),
         project=str(metadata.get("project") or "default"),
         status=str(metadata.get("status", "")),
