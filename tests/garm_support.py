@@ -101,11 +101,13 @@ def write_config(
     hosts: Mapping[str, str],
     pools: Mapping[str, str],
     decision_timeout: float = 60,
+    address_timeout: float = 5,
     extra: str = "",
 ) -> Path:
     lines = [
         f'nats_url = "{nats_url}"',
         f"decision_timeout = {decision_timeout}",
+        f"address_timeout = {address_timeout}",
         "query_timeout = 15",
         extra,
         "[incus.hosts]",
@@ -117,22 +119,77 @@ def write_config(
     return path
 
 
-class Garm:
-    """GARM's side of the protocol (``runner/providers/v0.1.0/external.go``)."""
+#: what GARM passes from its own environment: the proxy variables (both cases)
+GARM_PROXY_ENV = {
+    "http_proxy": "http://proxy.invalid:3128",
+    "HTTP_PROXY": "http://proxy.invalid:3128",
+    "https_proxy": "http://proxy.invalid:3128",
+    "HTTPS_PROXY": "http://proxy.invalid:3128",
+    "no_proxy": "garm.example",
+    "NO_PROXY": "garm.example",
+}
 
-    def __init__(self, config: Path, *, controller: str = CONTROLLER) -> None:
+
+def specs_env(specs: Any) -> str:
+    """``GARM_POOL_EXTRASPECS``: base64 of the extra specs' JSON (``bnVsbA==`` for none)."""
+    return base64.b64encode(orjson.dumps(specs)).decode()
+
+
+class Garm:
+    """GARM's side of the protocol (``runner/providers/v0.1.0/external.go``, or
+    ``v0.1.1/external.go`` with ``interface_version="v0.1.1"``: every instance command
+    then also carries ``GARM_POOL_ID`` and ``GARM_POOL_EXTRASPECS``, the specs of the
+    runner's pool with GARM's wrapper, instance token included)."""
+
+    def __init__(
+        self,
+        config: Path,
+        *,
+        controller: str = CONTROLLER,
+        interface_version: str = "v0.1.0",
+        passed: Mapping[str, str] | None = None,
+    ) -> None:
         self.config = config
         self.controller = controller
+        self.interface_version = interface_version
+        self.passed = dict(passed or {})  # variables GARM passes from its environment
+        self.pools: dict[str, tuple[str, Any]] = {}  # runner -> (pool id, extra specs)
+
+    @property
+    def v011(self) -> bool:
+        return self.interface_version == "v0.1.1"
 
     def env(self, command: str, **variables: str) -> dict[str, str]:
         env = {
+            **self.passed,
             "GARM_COMMAND": command,
             "GARM_CONTROLLER_ID": self.controller,
             "GARM_PROVIDER_CONFIG_FILE": str(self.config),
-            "GARM_INTERFACE_VERSION": "v0.1.0",
+            "GARM_INTERFACE_VERSION": self.interface_version,
         }
         env.update(variables)
         return env
+
+    def instance_env(self, command: str, instance_id: str) -> dict[str, str]:
+        if not self.v011:
+            return self.env(command, GARM_INSTANCE_ID=instance_id)
+        pool_id, specs = self.pools.get(instance_id, (GARM_POOL, None))
+        return self.env(
+            command,
+            GARM_INSTANCE_ID=instance_id,
+            GARM_POOL_ID=pool_id,
+            GARM_POOL_EXTRASPECS=specs_env(specs),
+        )
+
+    def create_env(self, body: dict[str, Any]) -> dict[str, str]:
+        if not self.v011:
+            return self.env("CreateInstance", GARM_POOL_ID=body["pool_id"])
+        self.pools[body["name"]] = (body["pool_id"], body.get("extra_specs"))
+        return self.env(
+            "CreateInstance",
+            GARM_POOL_ID=body["pool_id"],
+            GARM_POOL_EXTRASPECS=specs_env(body.get("extra_specs")),
+        )
 
     async def run(self, env: dict[str, str], stdin: bytes = b"") -> Call:
         started = time.monotonic()
@@ -144,7 +201,7 @@ class Garm:
     ) -> Call | None:
         """A create that is SIGKILLed as soon as ``when`` returns; ``None`` when it was
         killed, its call when it finished first."""
-        env = self.env("CreateInstance", GARM_POOL_ID=body["pool_id"])
+        env = self.create_env(body)
         started = time.monotonic()
         process = await anyio.open_process(executable(), env=env)
         assert process.stdin is not None
@@ -171,15 +228,18 @@ class Garm:
         return None
 
     async def create(self, body: dict[str, Any]) -> Call:
-        return await self.run(
-            self.env("CreateInstance", GARM_POOL_ID=body["pool_id"]), orjson.dumps(body)
-        )
+        return await self.run(self.create_env(body), orjson.dumps(body))
 
     async def delete(self, instance_id: str) -> Call:
-        return await self.run(self.env("DeleteInstance", GARM_INSTANCE_ID=instance_id))
+        return await self.run(self.instance_env("DeleteInstance", instance_id))
 
     async def get(self, instance_id: str) -> Call:
-        return await self.run(self.env("GetInstance", GARM_INSTANCE_ID=instance_id))
+        return await self.run(self.instance_env("GetInstance", instance_id))
 
     async def list(self, pool_id: str = GARM_POOL) -> Call:
         return await self.run(self.env("ListInstances", GARM_POOL_ID=pool_id))
+
+    async def remove_all(self, pool_id: str = GARM_POOL) -> Call:
+        """``RemoveAllInstances``; GARM v0.1.1 always sends a pool id with it."""
+        variables = {"GARM_POOL_ID": pool_id} if self.v011 else {}
+        return await self.run(self.env("RemoveAllInstances", **variables))

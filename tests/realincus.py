@@ -8,11 +8,15 @@ cannot run they skip with the reason, unless ``RC_REQUIRE_REAL_INCUS=1`` (set by
 
 from __future__ import annotations
 
+import io
 import os
+import tarfile
+from pathlib import Path
 
 from reconciler.cli.local_incus import (
     IMAGE_ALIAS,
     LocalIncus,
+    build_image,
     start_local_incus,
     unavailable,
 )
@@ -20,11 +24,17 @@ from reconciler.cli.local_incus import (
 __all__ = [
     "IMAGE_ALIAS",
     "REQUIRE_ENV",
+    "SLOW_IMAGE_ALIAS",
     "RealIncus",
     "required",
+    "slow_image",
     "start_real_incus",
     "unavailable",
 ]
+
+#: the test image with a file of zeros that makes Incus unpack it for seconds
+SLOW_IMAGE_ALIAS = "busybox-slow"
+SLOW_IMAGE_ZEROS = 1 << 30
 
 REQUIRE_ENV = "RC_REQUIRE_REAL_INCUS"
 
@@ -35,3 +45,40 @@ start_real_incus = start_local_incus
 def required() -> bool:
     """Whether a missing daemon is a failure rather than a skip (CI)."""
     return os.environ.get(REQUIRE_ENV, "") not in ("", "0")
+
+
+class _Zeros(io.RawIOBase):
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        count = min(len(buffer), self.left)
+        buffer[:count] = bytes(count)
+        self.left -= count
+        return count
+
+
+def slow_image(daemon: RealIncus) -> str:
+    """An image whose create keeps Incus busy for seconds (its rootfs holds a GiB of
+    zeros, a few MiB compressed): a test can act while the create operation runs.
+    Imported once per daemon; its alias."""
+    aliases = daemon.query("/1.0/images/aliases")
+    assert isinstance(aliases, list)
+    if f"/1.0/images/aliases/{SLOW_IMAGE_ALIAS}" in aliases:
+        return SLOW_IMAGE_ALIAS
+    work = Path(daemon.directory) / "build-slow"
+    work.mkdir(exist_ok=True)
+    base = build_image(work)
+    slow = work / "busybox-slow.tar.gz"
+    with tarfile.open(base, "r:gz") as source, tarfile.open(slow, "w:gz", compresslevel=1) as out:
+        for member in source.getmembers():
+            out.addfile(member, source.extractfile(member) if member.isfile() else None)
+        zeros = tarfile.TarInfo("rootfs/var/zeros")
+        zeros.size, zeros.mode = SLOW_IMAGE_ZEROS, 0o644
+        out.addfile(zeros, io.BufferedReader(_Zeros(zeros.size), 1 << 20))
+    daemon.incus("image", "import", str(slow), "--alias", SLOW_IMAGE_ALIAS)
+    slow.unlink()
+    return SLOW_IMAGE_ALIAS

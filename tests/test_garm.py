@@ -4,6 +4,7 @@ it (a process per call, a bare environment, GARM's JSON)."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import statistics
 import time
@@ -26,6 +27,7 @@ from tests.garm_support import (
     CA_PEM,
     CONTROLLER,
     GARM_POOL,
+    GARM_PROXY_ENV,
     MARKER,
     TOKEN,
     Call,
@@ -140,6 +142,9 @@ async def test_a_cold_create_is_admitted_created_listed_and_deleted_twice(
         answer = created.json()
         assert answer["name"] == answer["provider_id"] == "garm-cold-1"
         assert answer["status"] == "running" and "provider_fault" not in answer
+        # GARM records addresses from the create's answer only: it waited for one
+        (address,) = answer["addresses"]
+        assert address["type"] == "public" and address["address"].startswith("10.42.0.")
         inst = instances(w.fleet)["garm-cold-1"]
         assert inst.config["user.runner-controller-id"] == CONTROLLER
         assert inst.config["user.runner-pool-id"] == GARM_POOL
@@ -156,6 +161,7 @@ async def test_a_cold_create_is_admitted_created_listed_and_deleted_twice(
         listed = await w.garm.list()
         assert listed.code == 0, listed.text
         assert [(i["name"], i["provider_id"]) for i in listed.json()] == [("garm-cold-1",) * 2]
+        assert listed.json()[0]["addresses"] == answer["addresses"]
         assert (await w.garm.list("another-pool")).json() == []
         got = await w.garm.get("garm-cold-1")
         assert got.code == 0 and got.json()["status"] == "running"
@@ -392,3 +398,46 @@ async def test_twenty_concurrent_creates_on_a_two_host_fleet(
             f"after deletes: {len(instances(w.fleet))} instances, {len(left)} leases; "
             f"{len(messages)} bus messages, none with the token or CA bundle"
         )
+
+
+async def test_interface_v011_as_garm_calls_it_and_remove_all_is_controller_wide(
+    nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    """GARM v0.1.1 adds GARM_POOL_ID and GARM_POOL_EXTRASPECS (its wrapper, with the
+    instance token) to every instance command, and always a pool id to
+    RemoveAllInstances; GARM passes its proxy variables through. The token reaches no
+    answer, no log line and no bus message, failures included."""
+    async with world(nc, nats_url, tmp_path, cold=cold_pool(cpu=10)) as w:  # 3 fit
+        garm = Garm(w.garm.config, interface_version="v0.1.1", passed=GARM_PROXY_ENV)
+        other = Garm(w.garm.config, controller="9f0c4a52-0d7e-4a8e-b1e2-3c4d5e6f7a8b")
+        calls = [
+            await garm.create(bootstrap("garm-v11-a", "small", pool_id="pool-a")),
+            await garm.create(bootstrap("garm-v11-b", "small", pool_id="pool-b")),
+            await other.create(bootstrap("garm-other-1", "small")),
+        ]
+        assert [c.code for c in calls] == [0, 0, 0], [c.text for c in calls]
+        refused = await garm.create(bootstrap("garm-v11-c", "small", pool_id="pool-a"))
+        assert refused.code == 1 and "insufficient-capacity" in refused.text
+        broken = bootstrap("garm-v11-d", "small", pool_id="pool-a")
+        broken["extra_specs"]["runner_install_template"] = base64.b64encode(
+            f"#!/bin/sh\n# {TOKEN}\n{{{{ .CallbackToken | nope }}}}\n".encode()
+        ).decode()
+        failed = await garm.create(broken)
+        assert failed.code == 1 and "function 'nope' is not defined" in failed.text
+        got = await garm.get("garm-v11-a")
+        assert got.code == 0 and got.json()["name"] == "garm-v11-a"
+        listed = await garm.list("pool-a")
+        assert listed.code == 0 and [i["name"] for i in listed.json()] == ["garm-v11-a"]
+        calls += [refused, failed, got, listed]
+
+        removed = await garm.remove_all("pool-a")  # GARM names a pool; all of ours go
+        assert removed.code == 0, removed.text
+        assert sorted(instances(w.fleet)) == ["garm-other-1"]
+        assert [le["instance"] for le in await leases(w.bus)] == ["garm-other-1"]
+        gone = await garm.delete("garm-v11-b")
+        assert gone.code == 0, gone.text
+        calls += [removed, gone]
+
+        assert not [c.text for c in calls if TOKEN in c.text]
+        messages = [*await w.bus.inputs(), *await w.bus.outputs()]
+        assert not [m.subject for m in messages if TOKEN.encode() in m.data]

@@ -23,6 +23,7 @@ from reconciler.garm.protocol import (
     parse_bootstrap,
     provider_instance,
 )
+from reconciler.garm.specs import parse_extra_specs
 from tests.garm_support import CA_PEM, TOKEN, Garm, bootstrap, install_template
 
 pytestmark = pytest.mark.timeout(60)
@@ -42,7 +43,8 @@ def test_a_bootstrap_with_garms_key_spellings_is_read() -> None:
     assert (b.name, b.flavor, b.os_type, b.arch) == ("garm-abc", "small", "linux", "amd64")
     assert b.callback_url.endswith("/callbacks") and b.metadata_url.endswith("/metadata")
     assert b.instance_token == TOKEN and b.ca_bundle == CA_PEM
-    assert b.install_template() == base64.b64decode(install_template("garm-abc"))
+    assert b.specs.install_template == base64.b64decode(install_template("garm-abc"))
+    assert [(t.os, t.architecture) for t in b.tools] == [("linux", "x64")]
     assert TOKEN not in repr(b) and "CERTIFICATE" not in repr(b)
 
 
@@ -56,6 +58,9 @@ def test_a_bootstrap_with_garms_key_spellings_is_read() -> None:
         (orjson.dumps({"name": "ok-1"}), "'flavor' is missing"),
         (orjson.dumps({"name": "ok-1", "flavor": "x", "ca-cert-bundle": "%%"}), "not base64"),
         (orjson.dumps({"name": "ok-1", "flavor": "x", "extra_specs": [1]}), "JSON object"),
+        (orjson.dumps({"name": "ok-1", "flavor": "x", "os_type": "windows"}), "Linux pool"),
+        (orjson.dumps({"name": "ok-1", "flavor": "x", "os_type": "unknown"}), "only 'linux'"),
+        (orjson.dumps({"name": "ok-1", "flavor": "x", "tools": {}}), "'tools' must be"),
     ],
 )
 def test_a_malformed_bootstrap_is_a_clear_error(data: bytes, message: str) -> None:
@@ -65,9 +70,8 @@ def test_a_malformed_bootstrap_is_a_clear_error(data: bytes, message: str) -> No
 
 
 def test_a_template_that_is_not_base64_is_refused() -> None:
-    b = parsed(extra_specs={"runner_install_template": "not base64!"})
-    with pytest.raises(ProviderError, match="not base64"):
-        b.install_template()
+    with pytest.raises(ProviderError, match="runner_install_template is not base64"):
+        parsed(extra_specs={"runner_install_template": "not base64!"})
 
 
 def test_the_environment_of_a_v011_call_is_read() -> None:
@@ -190,6 +194,109 @@ def test_without_a_template_the_script_fetches_garms_install_script() -> None:
     assert TOKEN in script  # GARM's own wrapper embeds it too: it goes to Incus only
 
 
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+SPECS = {
+    "pre_install_scripts": {"02-second": b64("echo two\n"), "01-first": b64("echo one\n")},
+    "extra_packages": ["jq", "curl"],
+}
+
+
+def test_extra_specs_are_read_with_garms_and_the_incus_providers_keys() -> None:
+    specs = parse_extra_specs(
+        {
+            **SPECS,
+            "extra_context": {"marker": "m"},
+            "disable_updates": True,
+            "enable_boot_debug": False,
+            "someone_elses": {"kept": "out of the way"},
+        }
+    )
+    assert specs.pre_install_scripts == (("01-first", b"echo one\n"), ("02-second", b"echo two\n"))
+    assert specs.extra_packages == ("jq", "curl") and specs.extra_context == {"marker": "m"}
+    assert specs.disable_updates is True and specs.enable_boot_debug is False
+    assert parse_extra_specs(None) == parse_extra_specs({})
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"pre_install_scripts": ["x"]}, "map script names to base64"),
+        ({"pre_install_scripts": {"../etc/passwd": "eA=="}}, "is not a file name"),
+        ({"pre_install_scripts": {".hidden": "eA=="}}, "is not a file name"),
+        ({"pre_install_scripts": {"01-x": "not base64!"}}, "01-x is not base64"),
+        ({"extra_context": {"a": 1}}, "extra_context must map names to strings"),
+        ({"disable_updates": "yes"}, "disable_updates must be true or false"),
+        ({"extra_packages": "jq"}, "extra_packages must be a list"),
+        ({"runner_install_template": 42}, "must be a base64 string"),
+        ([1], "extra specs must be a JSON object"),
+    ],
+)
+def test_bad_extra_specs_are_refused_naming_the_key(raw: Any, message: str) -> None:
+    with pytest.raises(ProviderError, match=message):
+        parse_extra_specs(raw)
+
+
+def test_pre_install_scripts_run_as_root_in_name_order_before_the_install_script() -> None:
+    b = parsed(extra_specs=SPECS)
+    config = orjson.loads(cloud_config(b).split("\n", 1)[1])
+    files = {f["path"]: f for f in config["write_files"]}
+    assert base64.b64decode(files["/garm-pre-install/01-first"]["content"]) == b"echo one\n"
+    assert files["/garm-pre-install/02-second"]["permissions"] == "0755"
+    assert files["/garm-pre-install/02-second"]["owner"] == "root:root"
+    assert config["runcmd"] == [
+        ["/garm-pre-install/01-first"],
+        ["/garm-pre-install/02-second"],
+        ["rm", "-rf", "/garm-pre-install"],
+        ["su", "-l", "-c", "/install_runner.sh", "runner"],
+    ]
+    plan = injection(b)
+    assert [p for p, _, _ in plan.files][:2] == [
+        "/garm-pre-install/01-first",
+        "/garm-pre-install/02-second",
+    ]
+    assert "/garm-pre-install" in plan.prepare
+    script = plan.command[2]
+    assert (
+        script.index("/garm-pre-install/01-first /garm-pre-install/02-second")
+        < script.index("rm -rf /garm-pre-install")
+        < script.index("su -l -c /install_runner.sh runner")
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "specs", "upgrade", "packages"),
+    [
+        ({}, {}, True, ["curl", "tar"]),
+        ({"disable_updates_on_boot": True}, {}, False, []),
+        ({}, {"disable_updates": True, "extra_packages": ["jq"]}, False, ["jq"]),
+        ({"disable_updates_on_boot": True}, {"disable_updates": False}, True, ["curl", "tar"]),
+        (
+            {"extra_packages": ["git"]},
+            {"extra_packages": ["jq", "git"]},
+            True,
+            ["curl", "tar", "git", "jq"],
+        ),
+    ],
+)
+def test_packages_and_updates_follow_the_official_incus_provider(
+    options: dict[str, Any], specs: dict[str, Any], upgrade: bool, packages: list[str]
+) -> None:
+    b = parsed(user_data_options=options, extra_specs=specs)
+    config = orjson.loads(cloud_config(b).split("\n", 1)[1])
+    assert config["package_upgrade"] is upgrade and config["package_update"] is upgrade
+    assert config["packages"] == packages
+
+
+def test_boot_debug_traces_the_fetching_script() -> None:
+    assert b"set -x" in install_script(parsed(extra_specs={"enable_boot_debug": True}))
+    assert b"set -x" not in install_script(parsed(extra_specs={}))
+    options = {"enable_boot_debug": True}
+    assert b"set -x" in install_script(parsed(extra_specs={}, user_data_options=options))
+
+
 def test_a_warm_injection_pushes_files_then_runs_one_command_without_secrets() -> None:
     plan = injection(parsed())
     paths = [path for path, _, _ in plan.files]
@@ -219,6 +326,22 @@ async def test_local_commands_answer_on_stdout_only(garm: Garm) -> None:
         garm.env("ValidatePoolInfo", GARM_POOL_EXTRASPECS=base64.b64encode(b"{}").decode())
     )
     assert ok.code == 0 and ok.stdout == b""
+    assert {"pre_install_scripts", "extra_context", "disable_updates"} <= set(
+        specs.json()["properties"]
+    )
+
+
+async def test_validate_pool_info_reads_the_specs_and_parses_the_template(garm: Garm) -> None:
+    def validate(specs: dict[str, Any]) -> Any:
+        encoded = base64.b64encode(orjson.dumps(specs)).decode()
+        return garm.run(garm.env("ValidatePoolInfo", GARM_POOL_EXTRASPECS=encoded))
+
+    good = {"runner_install_template": b64("{{ .RunnerName }}"), **SPECS}
+    assert (await validate(good)).code == 0
+    broken = await validate({"runner_install_template": b64("x\n{{ if .RunnerName }}")})
+    assert broken.code == 1 and "line 2: {{if}} has no {{end}}" in broken.stderr.decode()
+    named = await validate({"pre_install_scripts": {"a/b": b64("x")}})
+    assert named.code == 1 and "is not a file name" in named.stderr.decode()
 
 
 async def test_bad_calls_exit_1_with_a_clear_message(garm: Garm) -> None:

@@ -18,13 +18,13 @@ from urllib.parse import quote
 
 from reconciler.bus.connection import DEFAULT_NATS_URL, ConnectOptions, parse_urls
 from reconciler.garm.protocol import ProviderError
-from reconciler.garm.schemas import ADMISSION_VERBS, NUMBER_KEYS, STRING_KEYS
+from reconciler.garm.schemas import ADMISSION_VERBS, NUMBER_KEYS, STRING_KEYS, WAIT_KEYS
 from reconciler.incus.endpoints import IncusEndpoint
 
 __all__ = ["ProviderConfig", "load_config"]
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,128}")
-_KNOWN = {*STRING_KEYS, *NUMBER_KEYS, "incus_verify", "incus", "pools"}
+_KNOWN = {*STRING_KEYS, *NUMBER_KEYS, *WAIT_KEYS, "incus_verify", "incus", "pools"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +39,7 @@ class ProviderConfig:
     decision_timeout_s: float = 600.0
     query_timeout_s: float = 10.0
     incus_timeout_s: float = 30.0
+    address_timeout_s: float = 30.0
 
     def pool_of(self, flavor: str) -> str:
         """The reconciler pool of a GARM flavor (the flavor itself without an entry)."""
@@ -81,6 +82,12 @@ def _check_types(raw: Mapping[str, Any]) -> None:
             isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
         ):
             raise ProviderError(f"config: {key} must be a number of seconds > 0")
+    for key in WAIT_KEYS:
+        value = raw.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or value < 0
+        ):
+            raise ProviderError(f"config: {key} must be a number of seconds >= 0")
     verify = raw.get("incus_verify")
     if verify is not None and not isinstance(verify, bool | str):
         raise ProviderError("config: incus_verify must be true, false or a CA file path")
@@ -158,6 +165,7 @@ def parse_config(raw: Mapping[str, Any]) -> ProviderConfig:
         decision_timeout_s=float(raw.get("decision_timeout", 600.0)),
         query_timeout_s=float(raw.get("query_timeout", 10.0)),
         incus_timeout_s=float(raw.get("incus_timeout", 30.0)),
+        address_timeout_s=float(raw.get("address_timeout", 30.0)),
     )
 
 

@@ -23,8 +23,10 @@ import anyio
 import orjson
 import structlog
 
+from reconciler.garm.install import check_template
 from reconciler.garm.protocol import ExitCode, Invocation, ProviderError, parse_bootstrap
 from reconciler.garm.schemas import CONFIG_SCHEMA, EXTRA_SPECS_SCHEMA
+from reconciler.garm.specs import parse_extra_specs
 
 __all__ = ["COMMANDS", "main", "run"]
 
@@ -81,12 +83,11 @@ def _local(invocation: Invocation) -> Any:
         return CONFIG_SCHEMA
     if command == "GetExtraSpecsJSONSchema":
         return EXTRA_SPECS_SCHEMA
-    specs = invocation.extra_specs
-    if specs is not None and not isinstance(specs, dict):
-        raise ProviderError("extra specs must be a JSON object")
-    template = (specs or {}).get("runner_install_template")
-    if template is not None and not isinstance(template, str):
-        raise ProviderError("extra_specs.runner_install_template must be a base64 string")
+    # ValidatePoolInfo: the extra specs are read as a create reads them, and the
+    # template parsed (not rendered: the runner's values are not known yet)
+    specs = parse_extra_specs(invocation.extra_specs)
+    if specs.install_template is not None:
+        check_template(specs.install_template)
     return None
 
 
@@ -125,7 +126,7 @@ async def _remote(invocation: Invocation, stdin: bytes) -> Any:
         if command == "ListInstances":
             return await provider.list(invocation.pool_id)
         if command == "RemoveAllInstances":
-            return await provider.remove_all(invocation.pool_id)
+            return await provider.remove_all()
         running = command == "StartInstance"
         return await provider.set_running(invocation.require_instance_id(), running=running)
     finally:

@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import base64
 import binascii
-import enum
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from reconciler.garm.errors import ExitCode, ProviderError
+from reconciler.garm.specs import ExtraSpecs, parse_extra_specs
 
 __all__ = [
     "Bootstrap",
     "ExitCode",
     "Invocation",
     "ProviderError",
+    "Tool",
     "garm_status",
     "parse_bootstrap",
     "provider_instance",
@@ -30,22 +33,6 @@ __all__ = [
 _INSTANCE_NAME = re.compile(r"(?!-)(?![0-9]+$)[A-Za-z0-9-]{1,63}(?<!-)")
 #: the statuses GARM accepts in a ProviderInstance
 STATUSES = ("running", "stopped", "error", "unknown")
-
-
-class ExitCode(enum.IntEnum):
-    OK = 0
-    FAILED = 1
-    NOT_FOUND = 30
-    DUPLICATE = 31
-
-
-class ProviderError(Exception):
-    """A call that fails: GARM stores ``message`` as the runner's fault."""
-
-    def __init__(self, message: str, *, code: ExitCode = ExitCode.FAILED) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
 
 
 def _b64json(value: str, what: str) -> Any:
@@ -65,7 +52,8 @@ class Invocation:
     interface_version: str = "v0.1.0"
     pool_id: str | None = None
     instance_id: str | None = None
-    extra_specs: Any = None
+    #: v0.1.1's ``GARM_POOL_EXTRASPECS``: holds GARM's wrapper with the instance token
+    extra_specs: Any = field(default=None, repr=False)
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> Invocation:
@@ -95,11 +83,24 @@ class Invocation:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Tool:
+    """One runner download of the bootstrap's ``tools`` (GitHub's names: ``linux``,
+    ``x64``…). ``temp_download_token`` is a secret (GHES downloads)."""
+
+    os: str
+    architecture: str
+    download_url: str
+    filename: str
+    temp_download_token: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Bootstrap:
     """The BootstrapInstance GARM sends on CreateInstance's stdin.
 
-    ``instance_token`` and ``ca_bundle`` are secrets: kept out of ``repr`` so that no
-    log line or traceback shows them."""
+    ``instance_token``, ``ca_bundle``, the tools' download tokens and the extra specs
+    (GARM's wrapper embeds the token) are secrets: kept out of ``repr`` so that no log
+    line or traceback shows them."""
 
     name: str
     pool_id: str
@@ -112,7 +113,9 @@ class Bootstrap:
     repo_url: str = ""
     instance_token: str = field(default="", repr=False)
     ca_bundle: bytes | None = field(default=None, repr=False)
-    extra_specs: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    specs: ExtraSpecs = field(default_factory=ExtraSpecs, repr=False)
+    tools: tuple[Tool, ...] = field(default=(), repr=False)
+    github_runner_group: str = ""
     proxy: Mapping[str, str] = field(default_factory=dict, repr=False)
     extra_packages: tuple[str, ...] = ()
     disable_updates_on_boot: bool = False
@@ -120,17 +123,10 @@ class Bootstrap:
     jit_config_enabled: bool = False
     labels: tuple[str, ...] = ()
 
-    def install_template(self) -> bytes | None:
-        """``extra_specs.runner_install_template``, decoded (GARM ≥ 0.2.0 renders it)."""
-        raw = self.extra_specs.get("runner_install_template")
-        if raw is None:
-            return None
-        if not isinstance(raw, str):
-            raise ProviderError("extra_specs.runner_install_template must be a base64 string")
-        try:
-            return base64.b64decode(raw, validate=True)
-        except (binascii.Error, ValueError):
-            raise ProviderError("extra_specs.runner_install_template is not base64") from None
+    def secrets(self) -> tuple[str, ...]:
+        """The strings no message may show (for scrubbing what a library says)."""
+        found = [self.instance_token, *(t.temp_download_token for t in self.tools)]
+        return tuple(sorted({s for s in found if s}, key=len, reverse=True))
 
 
 def _text(body: Mapping[str, Any], key: str, *, required: bool = False) -> str:
@@ -142,6 +138,35 @@ def _text(body: Mapping[str, Any], key: str, *, required: bool = False) -> str:
     if not isinstance(value, str):
         raise ProviderError(f"bootstrap: {key!r} must be a string")
     return value
+
+
+def _tools(body: Mapping[str, Any]) -> tuple[Tool, ...]:
+    raw = body.get("tools")
+    raw = [] if raw is None else raw
+    if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
+        raise ProviderError("bootstrap: 'tools' must be a list of objects")
+    return tuple(
+        Tool(
+            os=_text(t, "os"),
+            architecture=_text(t, "architecture"),
+            download_url=_text(t, "download_url"),
+            filename=_text(t, "filename"),
+            temp_download_token=_text(t, "temp_download_token"),
+        )
+        for t in raw
+    )
+
+
+def _os_type(body: Mapping[str, Any]) -> str:
+    os_type = _text(body, "os_type") or "linux"
+    if os_type == "windows":
+        raise ProviderError(
+            "os_type 'windows' is not supported: this provider sets runners up with "
+            "cloud-init and Linux shell scripts; use a Linux pool"
+        )
+    if os_type != "linux":
+        raise ProviderError(f"os_type {os_type[:20]!r} is not supported: only 'linux' is")
+    return os_type
 
 
 def parse_bootstrap(data: bytes) -> Bootstrap:
@@ -183,14 +208,16 @@ def parse_bootstrap(data: bytes) -> Bootstrap:
         pool_id=_text(body, "pool_id"),
         flavor=_text(body, "flavor", required=True),
         image=_text(body, "image"),
-        os_type=_text(body, "os_type") or "linux",
+        os_type=_os_type(body),
         arch=_text(body, "arch") or "amd64",
         callback_url=_text(body, "callback-url"),
         metadata_url=_text(body, "metadata-url"),
         repo_url=_text(body, "repo_url"),
         instance_token=_text(body, "instance-token"),
         ca_bundle=ca_bundle,
-        extra_specs=specs or {},
+        specs=parse_extra_specs(specs),
+        tools=_tools(body),
+        github_runner_group=_text(body, "github-runner-group"),
         proxy={k: str(v) for k, v in proxy.items() if v},
         extra_packages=tuple(str(p) for p in packages),
         disable_updates_on_boot=bool(options.get("disable_updates_on_boot", False)),
@@ -219,9 +246,12 @@ def provider_instance(
     os_arch: str = "amd64",
     os_name: str = "",
     os_version: str = "",
+    addresses: Sequence[str] = (),
     fault: str | None = None,
 ) -> dict[str, Any]:
-    """A ProviderInstance; ``fault`` is base64-encoded as GARM decodes it."""
+    """A ProviderInstance; ``addresses`` are reported as ``public`` (reachable, as the
+    official Incus provider says of global ones); ``fault`` is base64-encoded as GARM
+    decodes it."""
     if status not in STATUSES:
         raise ValueError(f"status {status!r} is not one of {STATUSES}")
     out: dict[str, Any] = {
@@ -231,7 +261,7 @@ def provider_instance(
         "os_name": os_name,
         "os_version": os_version,
         "os_arch": os_arch,
-        "addresses": [],
+        "addresses": [{"address": a, "type": "public"} for a in addresses],
         "status": status,
     }
     if fault:

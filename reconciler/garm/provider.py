@@ -8,10 +8,21 @@ Rules:
   ``mark-warm-injected``), otherwise cold (``admit-preemptible`` or ``admit``; on
   ``admitted`` the instance is created on the lease's host with cloud-init user data,
   started, and ``mark-created``). A rejection is exit 1 with its reason and detail.
+- **The install script is rendered first** (:mod:`.install`), before anything is
+  admitted: a template that cannot be rendered fails the call and changes nothing.
 - **Delete** accepts a provider id or a runner name: ``mark-deleting``, forced stop and
-  delete (already gone is fine), ``release``; nothing known is success too.
+  delete (already gone is fine; an operation still running on the instance, such as
+  the create of a call GARM killed, is waited for first), ``release``; nothing known is
+  success too.
 - **List** reads every configured host; one host that cannot be read fails the whole
   call (GARM removes runners missing from a list: never answer a partial one).
+  ``RemoveAllInstances`` removes every instance of the controller, whatever pool GARM
+  names (GARM v0.1.1 always sends one; the command is controller-wide).
+- **Answers** carry what GARM records from a create (and shows its users): the status,
+  ``os_name`` and ``os_version`` (the image's ``image.os`` and ``image.release``) and
+  the instance's global addresses. A create waits up to ``address_timeout`` for a first
+  address, as the official Incus provider waits for an IPv4 one, since GARM takes
+  addresses from the create's answer only.
 - Instances carry GARM's tags (``user.runner-controller-id``, ``user.runner-pool-id``,
   ``user.os-type``, ``user.os-arch``) and ``user.runner-name``, so List and Get find a
   warm VM (whose instance name differs) by the runner it serves.
@@ -31,7 +42,7 @@ import structlog
 from reconciler.core.model import Resources
 from reconciler.garm.admission import Admission
 from reconciler.garm.attempts import Attempt, find_attempt, runner_of_job
-from reconciler.garm.bootstrap import cloud_config, injection
+from reconciler.garm.bootstrap import cloud_config, injection, install_script
 from reconciler.garm.config import ProviderConfig
 from reconciler.garm.protocol import (
     Bootstrap,
@@ -119,18 +130,36 @@ class Provider:
             RUNNER_NAME_TAG: bootstrap.name,
         }
 
-    def _answer(self, bootstrap: Bootstrap, provider_id: str) -> dict[str, Any]:
+    async def _answer(
+        self, bootstrap: Bootstrap, *, host: str, instance: str, project: str
+    ) -> dict[str, Any]:
+        """The create's answer, from the instance as Incus shows it once it has a global
+        address or ``address_timeout`` passed (a status Incus reports as running)."""
+        view = await self._settled_view(host, instance, project)
         return provider_instance(
             name=bootstrap.name,
-            provider_id=provider_id,
-            status="running",
+            provider_id=instance,
+            status="running" if view is None else garm_status(view.status),
             os_type=bootstrap.os_type,
             os_arch=bootstrap.arch,
+            os_name="" if view is None else view.os_name.lower(),
+            os_version="" if view is None else view.os_version,
+            addresses=() if view is None else view.addresses,
         )
+
+    async def _settled_view(self, host: str, instance: str, project: str) -> InstanceView | None:
+        deadline = anyio.current_time() + self.config.address_timeout_s
+        async with self._incus(host, f"reading {instance}") as incus:
+            while True:
+                view = await incus.get_instance(instance, project=project, full=True)
+                if view is None or view.addresses or anyio.current_time() >= deadline:
+                    return view
+                await anyio.sleep(min(1.0, max(0.0, deadline - anyio.current_time())))
 
     # ----------------------------------------------------------------- create
 
     async def create(self, bootstrap: Bootstrap) -> dict[str, Any]:
+        script = install_script(bootstrap)  # first: a template that fails admits nothing
         pool_name = self.config.pool_of(bootstrap.flavor)
         pool = await self._pool(pool_name)
         attempt = await find_attempt(self.bus, bootstrap.name)
@@ -142,9 +171,9 @@ class Provider:
                 "claim-warm", {"pool": pool_name, "job": attempt.job}, attempt.rid("claim")
             )
             if claim.get("outcome") == "claimed":
-                return await self._inject(bootstrap, attempt, claim["lease"])
+                return await self._inject(bootstrap, attempt, claim["lease"], script)
             log.info("garm.no_warm", reason=claim.get("reason"))
-        return await self._cold(bootstrap, attempt, pool)
+        return await self._cold(bootstrap, attempt, pool, script)
 
     async def _pool(self, name: str) -> Mapping[str, Any]:
         found = await self.bus.query("pool", {"pool": name})
@@ -154,14 +183,14 @@ class Provider:
         return pool
 
     async def _inject(
-        self, bootstrap: Bootstrap, attempt: Attempt, lease: Mapping[str, Any]
+        self, bootstrap: Bootstrap, attempt: Attempt, lease: Mapping[str, Any], script: bytes
     ) -> dict[str, Any]:
         instance, host = str(lease["instance"]), str(lease["host"])
+        project = await self._project_of(lease)
         done = await self.bus.last_decision(attempt.rid("injected"))
         if done is not None and done.get("outcome") == "ok":  # a call run again after success
-            return self._answer(bootstrap, instance)
-        project = await self._project_of(lease)
-        plan = injection(bootstrap)
+            return await self._answer(bootstrap, host=host, instance=instance, project=project)
+        plan = injection(bootstrap, script=script)
         async with self._incus(host, f"injecting the bootstrap into {instance}") as incus:
             await incus.update_config(instance, self._tags(bootstrap), project=project)
             made = await incus.execute(instance, list(plan.prepare), project=project)
@@ -180,7 +209,7 @@ class Provider:
         if done.get("outcome") != "ok":
             raise ProviderError(_refusal("mark-warm-injected", done))
         logger.info("garm.warm_claimed", runner=bootstrap.name, instance=instance, host=host)
-        return self._answer(bootstrap, instance)
+        return await self._answer(bootstrap, host=host, instance=instance, project=project)
 
     async def _project_of(self, lease: Mapping[str, Any]) -> str:
         found = await self._lease_view(str(lease["lease_id"]), str(lease["pool"]))
@@ -195,7 +224,7 @@ class Provider:
         return None
 
     async def _cold(
-        self, bootstrap: Bootstrap, attempt: Attempt, pool: Mapping[str, Any]
+        self, bootstrap: Bootstrap, attempt: Attempt, pool: Mapping[str, Any], script: bytes
     ) -> dict[str, Any]:
         admit = attempt.admit
         if admit is None or admit.get("phase") != "final":
@@ -224,7 +253,7 @@ class Provider:
             demand=Resources(**lease["demand"]),
             gpu_pci=tuple(lease.get("gpu_pci") or ()),
             instance_type=str(pool.get("instance_type") or "virtual-machine"),
-            user_data=cloud_config(bootstrap),
+            user_data=cloud_config(bootstrap, script=script),
             tags=self._tags(bootstrap),
         )
         async with self._incus(host, f"creating {spec.name}") as incus:
@@ -234,7 +263,7 @@ class Provider:
         if done.get("outcome") != "ok":
             raise ProviderError(_refusal("mark-created", done))
         logger.info("garm.created", runner=bootstrap.name, host=host, lease=lease["lease_id"])
-        return self._answer(bootstrap, spec.name)
+        return await self._answer(bootstrap, host=host, instance=spec.name, project=spec.project)
 
     # ----------------------------------------------------------------- lookups
 
@@ -245,14 +274,15 @@ class Provider:
         leases: list[Mapping[str, Any]] = listed.get("leases", [])
         return leases
 
-    async def _scan(self) -> list[tuple[str, InstanceView]]:
-        """Every instance of this controller on every configured host; any host that
-        cannot be read fails the call (never a partial answer)."""
+    async def _scan(self, *, full: bool = False) -> list[tuple[str, InstanceView]]:
+        """Every instance of this controller on every configured host (``full``: with
+        their addresses); any host that cannot be read fails the call (never a partial
+        answer)."""
         found: list[tuple[str, InstanceView]] = []
 
         async def read(name: str) -> None:
             async with self._incus(name, "listing instances") as incus:
-                views = await incus.list_instances()
+                views = await incus.list_instances(full=full)
             found.extend(
                 (name, v) for v in views if v.config.get(CONTROLLER_TAG) == self.controller_id
             )
@@ -303,16 +333,22 @@ class Provider:
         if key is not None:
             await self._decide("mark-deleting", {"instance": item.instance}, f"garm-deleting-{key}")
         async with self._incus(item.host, f"deleting {item.instance}") as incus:
-            await incus.destroy_instance(item.instance, project=item.project)
+            waited = await incus.destroy_instance(item.instance, project=item.project)
         if key is not None:
             await self._decide("release", {"instance": item.instance}, f"garm-release-{key}")
-        logger.info("garm.deleted", runner=item.runner, instance=item.instance, host=item.host)
+        logger.info(
+            "garm.deleted",
+            runner=item.runner,
+            instance=item.instance,
+            host=item.host,
+            waited_for=list(waited),  # operations still running on it, such as a create
+        )
 
     # ----------------------------------------------------------------- reads
 
     async def list(self, pool_id: str | None) -> list[dict[str, Any]]:
         out = []
-        for _, view in await self._scan():
+        for _, view in await self._scan(full=True):
             if pool_id and view.config.get(POOL_TAG) != pool_id:
                 continue
             out.append(_instance_of(view))
@@ -321,7 +357,7 @@ class Provider:
     async def get(self, identifier: str) -> dict[str, Any]:
         for item in await self.find(identifier):
             async with self._incus(item.host, f"reading {item.instance}") as incus:
-                view = await incus.get_instance(item.instance, project=item.project)
+                view = await incus.get_instance(item.instance, project=item.project, full=True)
             if view is not None:
                 return _instance_of(view)
         raise ProviderError(f"instance {identifier!r} not found", code=ExitCode.NOT_FOUND)
@@ -337,11 +373,15 @@ class Provider:
                 else:
                     await incus.stop_instance(item.instance, project=item.project, force=True)
 
-    async def remove_all(self, pool_id: str | None) -> None:
+    async def remove_all(self) -> None:
+        """Every instance of this controller, of every pool (GARM v0.1.1 sends a
+        ``GARM_POOL_ID`` with this command too; it does not narrow it)."""
         for _, view in await self._scan():
-            if pool_id and view.config.get(POOL_TAG) != pool_id:
-                continue
             await self.delete(view.name)
+
+
+#: Incus's architecture names → GARM's
+_GARM_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "i386"}
 
 
 def _instance_of(view: InstanceView) -> dict[str, Any]:
@@ -350,7 +390,10 @@ def _instance_of(view: InstanceView) -> dict[str, Any]:
         provider_id=view.name,
         status=garm_status(view.status),
         os_type=view.config.get(OS_TYPE_TAG, "linux"),
-        os_arch=view.config.get(OS_ARCH_TAG, "amd64"),
+        os_arch=view.config.get(OS_ARCH_TAG) or _GARM_ARCH.get(view.architecture, "amd64"),
+        os_name=view.os_name.lower(),
+        os_version=view.os_version,
+        addresses=view.addresses,
     )
 
 

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ADMISSION_VERBS", "CONFIG_SCHEMA", "EXTRA_SPECS_SCHEMA", "NUMBER_KEYS", "STRING_KEYS"]
+__all__ = [
+    "ADMISSION_VERBS",
+    "CONFIG_SCHEMA",
+    "EXTRA_SPECS_SCHEMA",
+    "NUMBER_KEYS",
+    "STRING_KEYS",
+    "WAIT_KEYS",
+]
 
 ADMISSION_VERBS = ("admit-preemptible", "admit")
 #: the file's top-level keys by type (``incus_verify``, ``incus`` and ``pools`` apart)
@@ -29,6 +36,10 @@ STRING_KEYS = (
     "admission",
 )
 NUMBER_KEYS = ("decision_timeout", "query_timeout", "incus_timeout")
+#: seconds that may be 0 (do not wait)
+WAIT_KEYS = ("address_timeout",)
+
+_BASE64 = {"type": "string", "contentEncoding": "base64"}
 
 EXTRA_SPECS_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -36,9 +47,36 @@ EXTRA_SPECS_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "runner_install_template": {
-            "type": "string",
-            "description": "base64 of the rendered install script (GARM sets it itself)",
-        }
+            **_BASE64,
+            "description": "base64 of the runner install script, a Go text/template rendered "
+            "with the runner's values (GARM sets its own rendered wrapper when the pool "
+            "sets none)",
+        },
+        "extra_context": {
+            "type": "object",
+            "additionalProperties": {"type": "string"},
+            "description": 'values for the template: {{ index .ExtraContext "name" }}',
+        },
+        "pre_install_scripts": {
+            "type": "object",
+            "propertyNames": {"pattern": "^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$"},
+            "additionalProperties": _BASE64,
+            "description": "scripts (base64) run as root in name order from "
+            "/garm-pre-install/ before the install script",
+        },
+        "disable_updates": {
+            "type": "boolean",
+            "description": "no package upgrade at boot, and no default packages (curl, tar)",
+        },
+        "extra_packages": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "description": "packages cloud-init installs",
+        },
+        "enable_boot_debug": {
+            "type": "boolean",
+            "description": "EnableBootDebug for the template (set -x)",
+        },
     },
     "additionalProperties": True,
 }
@@ -50,6 +88,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
     "properties": {
         **{key: {"type": "string"} for key in STRING_KEYS},
         **{key: {"type": "number", "exclusiveMinimum": 0} for key in NUMBER_KEYS},
+        **{key: {"type": "number", "minimum": 0} for key in WAIT_KEYS},
         "incus_verify": {"type": ["boolean", "string"]},
         "admission": {"enum": list(ADMISSION_VERBS)},
         "incus": {
