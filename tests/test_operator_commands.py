@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from reconciler.cli.main import cli
+from reconciler.cli.query_cmd import QUERIES
 from tests import builders as b
 from tests.bus import BusClient
 from tests.test_cli import RunningProcess, on_bus
@@ -121,10 +122,20 @@ def test_apply_then_cmd_then_query(served: tuple[str, Path]) -> None:
     assert lease["instance"] == "vm-1" and lease["history"]
     code, out, err = invoke("query", "health", "--nats-url", url)
     assert code == 0 and orjson.loads(out)["caches_synced"] is True
+    code, out, err = invoke("query", "pool", '{"pool": "web"}', "--nats-url", url)
+    assert code == 0, out + err
+    pool = orjson.loads(out)
+    assert pool["pool"]["pool"] == "web" and "vm-1" in [le["instance"] for le in pool["leases"]]
     code, out, err = invoke("query", "lease", '{"identifier": "nobody"}', "--nats-url", url)
     assert code == 1 and "not-found" in err
     code, out, err = invoke("query", "lease", '{"identifier": 3}', "--nats-url", url)
     assert code == 1 and "nothing sent" in err
+
+
+def test_query_offers_every_query_the_replicas_answer() -> None:
+    schemas = Path(__file__).parent.parent / "schemas" / "query"
+    named = sorted(p.name.removesuffix(".request.json") for p in schemas.glob("*.request.json"))
+    assert list(QUERIES) == named
 
 
 def test_apply_refuses_the_whole_file_for_one_bad_item(nats_url: str, tmp_path: Path) -> None:

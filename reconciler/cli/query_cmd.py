@@ -20,10 +20,12 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from reconciler.bus.schemas import SchemaLoadError, load
 from reconciler.cli.oneshot import connect_once, connect_timeout_option, oneshot_log_options
 from reconciler.cli.options import bus_options, common_from
+from reconciler.core.queries import QUERIES as CORE_QUERIES
 
 __all__ = ["QUERIES", "query_cmd"]
 
-QUERIES = ("assignments", "effective-runtime", "health", "lease", "resolve", "unsuitable-hosts")
+#: every query the replicas answer: the core's, and ``health`` (answered by the adapter)
+QUERIES = tuple(sorted([*CORE_QUERIES, "health"]))
 
 
 @click.command("query", short_help="Ask the replicas a query and print the reply.")
@@ -48,6 +50,7 @@ def query_cmd(
     Examples:
       reconciler query health
       reconciler query lease '{"identifier": "job-42"}'
+      reconciler query pool '{"pool": "ci-small"}'
       reconciler query unsuitable-hosts '{"pool": "small", "potential_hosts": ["h1", "h2"]}'
     """
     common = common_from(kwargs, name="reconciler-query")
