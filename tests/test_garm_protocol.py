@@ -7,6 +7,7 @@ import base64
 from pathlib import Path
 from typing import Any
 
+import jsonschema_rs
 import orjson
 import pytest
 from hypothesis import given
@@ -23,6 +24,7 @@ from reconciler.garm.protocol import (
     parse_bootstrap,
     provider_instance,
 )
+from reconciler.garm.schemas import EXTRA_SPECS_SCHEMA
 from reconciler.garm.specs import parse_extra_specs
 from tests.garm_support import CA_PEM, TOKEN, Garm, bootstrap, install_template
 
@@ -218,6 +220,21 @@ def test_extra_specs_are_read_with_garms_and_the_incus_providers_keys() -> None:
     assert specs.extra_packages == ("jq", "curl") and specs.extra_context == {"marker": "m"}
     assert specs.disable_updates is True and specs.enable_boot_debug is False
     assert parse_extra_specs(None) == parse_extra_specs({})
+
+
+def test_the_extra_specs_schema_takes_what_the_provider_takes() -> None:
+    validator = jsonschema_rs.validator_for(EXTRA_SPECS_SCHEMA)
+    good = {**SPECS, "extra_context": {"a": "b"}, "disable_updates": True, "other": 1}
+    assert validator.is_valid(good)
+    for bad in (
+        {"pre_install_scripts": {"../x": "eA=="}},
+        {"extra_context": {"a": 1}},
+        {"extra_packages": [""]},
+        {"enable_boot_debug": "yes"},
+    ):
+        assert not validator.is_valid(bad), bad
+        with pytest.raises(ProviderError):
+            parse_extra_specs(bad)
 
 
 @pytest.mark.parametrize(

@@ -148,13 +148,19 @@ class Provider:
         )
 
     async def _settled_view(self, host: str, instance: str, project: str) -> InstanceView | None:
+        """The instance once it has an address or ``address_timeout`` passed; ``None``
+        when it cannot be read: the create succeeded, and failing its answer now would
+        make GARM delete a good runner."""
         deadline = anyio.current_time() + self.config.address_timeout_s
-        async with self._incus(host, f"reading {instance}") as incus:
+        try:
             while True:
-                view = await incus.get_instance(instance, project=project, full=True)
+                view = await self.host(host).get_instance(instance, project=project, full=True)
                 if view is None or view.addresses or anyio.current_time() >= deadline:
                     return view
                 await anyio.sleep(min(1.0, max(0.0, deadline - anyio.current_time())))
+        except IncusError as exc:
+            logger.warning("garm.answer_unread", instance=instance, host=host, error=str(exc))
+            return None
 
     # ----------------------------------------------------------------- create
 
