@@ -33,6 +33,7 @@ from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.simulator import Fleet, FleetOptions, Listen, SimulatorThread
 from reconciler.incus.simulator import default_fleet as sim_hosts
 from reconciler.incus.views import InstanceSpec
+from tests.natsserver import NatsServer
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -319,8 +320,11 @@ async def _publish(js: Any, commands: list[tuple[str, dict[str, Any]]]) -> None:
 
 
 def test_the_executor_serves_its_probes_and_counts_per_host_and_verb(
-    tmp_path: Path, nats_url: str, socket_dir: Path
+    tmp_path: Path, nats_server: NatsServer, socket_dir: Path
 ) -> None:
+    if not nats_server.supports_faults:
+        pytest.skip("the test stops and starts the nats-server")
+    nats_url = nats_server.url
     fleet = Fleet(
         sim_hosts(2, projects=("ci",)),
         listen=Listen(kind="unix", directory=socket_dir),
@@ -417,4 +421,15 @@ def test_the_executor_serves_its_probes_and_counts_per_host_and_verb(
         # the log lines tell the same story
         events = [e["event"] for e in executor.events()]
         assert events.count("command.gave_up") == events.count("command.rejected") == 1
+
+        # NATS gone: alive, not ready, and the document says so; back: ready again
+        nats_server.stop()
+        wait_for(lambda: executor.get("/readyz")[0] == 503, 15, "/readyz to answer 503")
+        document = orjson.loads(executor.get("/readyz")[1])
+        assert document["nats_connected"] is False
+        assert value(executor.metrics(), "rc_executor_nats_connected") == 0
+        assert executor.get("/healthz")[0] == 200
+        nats_server.start()
+        bound = {h: d["consumer_bound"] for h, d in executor.ready(30)["hosts"].items()}
+        assert bound == {ONE: True, TWO: True}
     assert executor.process.returncode == 0
