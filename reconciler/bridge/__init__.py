@@ -2,7 +2,8 @@
 
 - :mod:`.bridge`: one :class:`~.bridge.HostBridge` per Incus host, under one
   :class:`~.bridge.Bridge`.
+- :mod:`.metrics`: its Prometheus metrics and probes (``--metrics-addr``).
 
-Layer rules: imports the adapters (bus, incus) and the core only; never another
-program's package (replica, executor, garm) nor the CLI.
+Layer rules: imports the adapters (bus, incus), :mod:`reconciler.observe` and the core
+only; never another program's package (replica, executor, garm) nor the CLI.
 """

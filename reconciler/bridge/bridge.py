@@ -43,7 +43,7 @@ import hashlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import orjson
@@ -158,8 +158,15 @@ class HostBridge:
         self._seeded = False
         self._last_snapshot: dict[str, Any] | None = None
         self._inventory_due = anyio.Event()
+        #: event stream sessions made, the first one included
         self.connections = 0
+        #: whether the event stream is connected now, and whether the snapshot and
+        #: inventory owed since it (re)connected are published (:mod:`.metrics`)
+        self.connected = False
+        self.caught_up = False
         self.published = {"lifecycle": 0, "snapshot": 0, "inventory": 0}
+        #: snapshots and inventories that could not be published (tried again later)
+        self.failed = {"snapshot": 0, "inventory": 0}
         self.publish_retries = 0
         self._log = logger.bind(host=self.host)
 
@@ -188,28 +195,37 @@ class HostBridge:
         async with self.incus.lifecycle_events(idle_timeout_s=self.idle_timeout_s) as events:
             self._uid = (await self.incus.server_info()).uid  # a reinstalled host is another
             self.connections += 1
+            self.connected = True
             self._log.info("bridge.connected", connections=self.connections)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._catch_up)
-                tg.start_soon(self._resync)
-                tg.start_soon(self._inventory_soon)
-                async for event in events:
-                    await self.publish_lifecycle(event)
-                tg.cancel_scope.cancel()
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._catch_up)
+                    tg.start_soon(self._resync)
+                    tg.start_soon(self._inventory_soon)
+                    async for event in events:
+                        await self.publish_lifecycle(event)
+                    tg.cancel_scope.cancel()
+            finally:
+                self.connected = self.caught_up = False
 
     async def _catch_up(self) -> None:
-        """After (re)connecting: a snapshot and an inventory, until both are published."""
+        """After (re)connecting: a snapshot, then an inventory, each until published."""
         delay = self.backoff_s
-        while not await self._attempt("catch-up", self._publish_state):
+        while not await self._attempt("snapshot", self._publish_fresh_snapshot):
             await anyio.sleep(delay)
             delay = min(delay * 2, self.max_backoff_s)
+        while not await self._attempt("inventory", self.publish_inventory):
+            await anyio.sleep(delay)
+            delay = min(delay * 2, self.max_backoff_s)
+        self.caught_up = True
 
-    async def _publish_state(self) -> None:
+    async def _publish_fresh_snapshot(self) -> None:
         await self.publish_snapshot(force=True)
-        await self.publish_inventory()
 
-    async def _attempt(self, what: str, publish: Callable[[], Awaitable[None]]) -> bool:
-        """Run ``publish``; a failure is logged (the caller tries again later)."""
+    async def _attempt(
+        self, what: Literal["snapshot", "inventory"], publish: Callable[[], Awaitable[None]]
+    ) -> bool:
+        """Run ``publish``; a failure is logged and counted (the caller tries again later)."""
         try:
             await publish()
         except IncusError as exc:
@@ -218,6 +234,7 @@ class HostBridge:
             self._log.warning("bridge.publish_failed", what=what, error=repr(exc))
         else:
             return True
+        self.failed[what] += 1
         return False
 
     async def _seed_revisions(self) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import click
@@ -22,6 +22,10 @@ from reconciler.cli.options import (
 )
 from reconciler.cli.signals import run_until_signalled
 from reconciler.incus.client import IncusHost
+from reconciler.observe.endpoints import parse_addr
+
+if TYPE_CHECKING:
+    from reconciler.observe.endpoints import MetricsServer
 
 __all__ = ["bridge"]
 
@@ -47,8 +51,16 @@ __all__ = ["bridge"]
     show_default=True,
     help="Seconds between full inventories (and snapshot checks) of every host.",
 )
+@click.option(
+    "--metrics-addr",
+    envvar="RC_BRIDGE_METRICS_ADDR",
+    show_envvar=True,
+    help="HOST:PORT for Prometheus /metrics, /healthz and /readyz (off when unset).",
+)
 @log_options
-def bridge(hosts_config: Path | None, resync_interval: float, **kwargs: Any) -> None:
+def bridge(
+    hosts_config: Path | None, resync_interval: float, metrics_addr: str | None, **kwargs: Any
+) -> None:
     """Watch Incus hosts through pylxd and publish what the reconciler needs.
 
     For every host: its lifecycle events (instance-*), verbatim; a snapshot of capacity,
@@ -65,7 +77,21 @@ def bridge(hosts_config: Path | None, resync_interval: float, **kwargs: Any) -> 
             settings = settings_from_json(orjson.loads(hosts_config.read_bytes()))
         except (OSError, ValueError, TypeError) as exc:
             raise click.BadParameter(f"{hosts_config}: {exc}") from exc
-    anyio.run(lambda: _run(common.nats, common.prefix, incus, settings, resync_s=resync_interval))
+    if metrics_addr:
+        try:
+            parse_addr(metrics_addr)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--metrics-addr") from exc
+    anyio.run(
+        lambda: _run(
+            common.nats,
+            common.prefix,
+            incus,
+            settings,
+            resync_s=resync_interval,
+            metrics_addr=metrics_addr,
+        )
+    )
 
 
 async def _run(
@@ -75,8 +101,10 @@ async def _run(
     settings: dict[str, HostSettings],
     *,
     resync_s: float,
+    metrics_addr: str | None = None,
 ) -> None:
     nc = await connect(nats)
+    metrics: MetricsServer | None = None
     hosts = [
         IncusHost(
             ep,
@@ -98,6 +126,11 @@ async def _run(
             )
             for host in hosts
         ]
+        if metrics_addr:
+            from reconciler.bridge.metrics import bridge_metrics_server
+
+            metrics = bridge_metrics_server(addr=metrics_addr, hosts=bridges, nc=nc)
+            await metrics.start()
 
         async def watch(stop: anyio.Event) -> None:
             async with anyio.create_task_group() as tg:
@@ -108,6 +141,8 @@ async def _run(
         await run_until_signalled(watch, stopping="stopping")
     finally:
         with anyio.CancelScope(shield=True):
+            if metrics is not None:
+                await metrics.stop()
             for host in hosts:
                 await host.aclose()
             await nc.close()

@@ -123,6 +123,11 @@ def _own(name: str, *dest: str, **kwargs: Any) -> Callable[[F], F]:
     show_default=True,
     help="A host's consumer created now delivers the commands of the last SECONDS (0: new only).",
 )
+@_own(
+    "metrics-addr",
+    default=None,
+    help="HOST:PORT for Prometheus /metrics, /healthz and /readyz (off when unset).",
+)
 @log_options
 def executor(**kwargs: Any) -> None:
     """Carry out the reconciler's create and delete commands on Incus hosts.
@@ -153,6 +158,7 @@ def executor(**kwargs: Any) -> None:
             storage_pool=kwargs["storage_pool"],
             request_timeout_s=incus.request_timeout_s,
             operation_timeout_s=incus.operation_timeout_s,
+            metrics_addr=kwargs["metrics_addr"] or None,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc

@@ -231,6 +231,7 @@ def replay_command(
                     "digest": report.digest,
                     "snapshot_seq": report.snapshot_seq,
                     "snapshot_digest": report.snapshot_digest,
+                    "older": report.older,
                     "details": [
                         {
                             "kind": d.kind,
@@ -255,6 +256,8 @@ def replay_command(
             f"({report.dead_letters} dead-lettered), {report.outputs} outputs, "
             f"{report.compared} compared with the output stream"
         )
+        for name, count in sorted(report.older.items()):
+            click.echo(f"{count} outputs written by an older release, without {name} (added since)")
         click.echo(f"state digest: {report.digest}")
         for d in report.divergences[:show]:
             click.secho(f"  {d.kind:<10} {d.msg_id}  ({d.subject})", fg="red")

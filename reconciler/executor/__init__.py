@@ -3,7 +3,9 @@
 - :mod:`.executor`: consume ``rc.out.exec.<host>.*`` per host and act through pylxd.
 - :mod:`.commands`: decode and validate a command; classify Incus's failures.
 - :mod:`.store`: the executor's own SQLite record of finished commands.
+- :mod:`.metrics`: what it did, per host and verb, for Prometheus, and its probes.
 
-Layer rules: imports :mod:`reconciler.work`, the adapters (store, bus, incus) and the
-core; never another program's package (replica, bridge, garm) nor the CLI.
+Layer rules: imports :mod:`reconciler.work`, :mod:`reconciler.observe`, the adapters
+(store, bus, incus) and the core; never another program's package (replica, bridge,
+garm) nor the CLI.
 """

@@ -55,7 +55,9 @@ Rules (docs/interface.md, "Executor commands"):
 - Structured logs say what was done and why: ``command.done`` (command id, verb, host,
   project, instance, lease, reason or pool, outcome, detail, attempts, duration),
   ``command.retry``, ``command.rejected``, ``command.gave_up``, ``command.refused``,
-  ``command.duplicate``.
+  ``command.duplicate``. The same are counted per host and verb
+  (:mod:`reconciler.executor.metrics`) and, with ``metrics_addr``, served to Prometheus
+  with ``/healthz`` and ``/readyz``.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 import structlog
@@ -89,10 +91,15 @@ from reconciler.executor.commands import (
     classify,
     invalid_instance_name,
 )
+from reconciler.executor.metrics import CommandCounts, LiveFacts
 from reconciler.executor.store import ExecutorStore, FinishedCommand
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.errors import IncusError, NotFound
+from reconciler.observe.endpoints import parse_addr
 from reconciler.work.queue import TemporaryError, WorkQueue, run_workers
+
+if TYPE_CHECKING:
+    from reconciler.observe.endpoints import MetricsServer
 
 __all__ = ["Executor", "ExecutorConfig", "consumer_name"]
 
@@ -141,6 +148,8 @@ class ExecutorConfig:
     operation_timeout_s: float = 120.0
     #: concurrent Incus calls per host
     incus_concurrency: int = 4
+    #: ``HOST:PORT`` for Prometheus ``/metrics``, ``/healthz`` and ``/readyz`` (off: None)
+    metrics_addr: str | None = None
 
     def __post_init__(self) -> None:
         if not self.endpoints:
@@ -176,6 +185,8 @@ class ExecutorConfig:
             raise ValueError("catch_up_s must be >= 0")
         if self.heartbeat_s is not None and not 0 < self.heartbeat_s < self.ack_wait_s:
             raise ValueError("heartbeat_s must be > 0 and shorter than ack_wait_s")
+        if self.metrics_addr is not None:
+            parse_addr(self.metrics_addr)
 
     @property
     def heartbeat_interval_s(self) -> float:
@@ -254,6 +265,10 @@ class Executor:
         self.ready = anyio.Event()
         #: how many commands ended how: outcomes, ``duplicate``, ``refused``, ``retry``
         self.stats: Counter[str] = Counter()
+        #: the same per host and verb, for Prometheus (:mod:`reconciler.executor.metrics`)
+        self.counts = CommandCounts(config.hosts)
+        self.metrics: MetricsServer | None = None  # aiohttp, loaded only when asked for
+        self._nc: Client | None = None
 
     @property
     def store(self) -> ExecutorStore:
@@ -264,6 +279,16 @@ class Executor:
     def held(self) -> int:
         """Messages held now (fetched, command not finished)."""
         return len(self._held)
+
+    def live(self) -> LiveFacts:
+        """What the executor holds now, per host (for the metrics and ``/readyz``)."""
+        nc = self._nc
+        return LiveFacts(
+            nats_connected=nc is not None and nc.is_connected,
+            held=dict(self._held_per_host),
+            running={host: len(queue.processing()) for host, queue in self.queues.items()},
+            bound=frozenset(self._bound),
+        )
 
     # ------------------------------------------------------------------ lifetime
 
@@ -283,11 +308,19 @@ class Executor:
             self._store = await ExecutorStore.open(config.db)
         nc: Client | None = None
         try:
+            if config.metrics_addr is not None:
+                from reconciler.executor.metrics import executor_metrics_server
+
+                self.metrics = executor_metrics_server(addr=config.metrics_addr, executor=self)
+                await self.metrics.start()
             nc = await _unless_stopped(stop, lambda: connect(config.nats))
             if nc is not None:
+                self._nc = nc
                 await self._serve(nc, stop)
         finally:
             with anyio.CancelScope(shield=True):
+                if self.metrics is not None:
+                    await self.metrics.stop()
                 if nc is not None:
                     await _close(nc)
                 for host in self.hosts.values():
@@ -337,6 +370,7 @@ class Executor:
                     await self._wait_for_room()
                     continue
                 if sub is None or nc.stats["reconnects"] != reconnects:
+                    self._bound.discard(host)
                     await _unsubscribe(sub)
                     reconnects = nc.stats["reconnects"]
                     sub = await self._bind(js, host, log)
@@ -351,19 +385,22 @@ class Executor:
                             min(config.fetch_batch, room), timeout=config.fetch_timeout_s
                         )
                     except (TimeoutError, NatsTimeoutError, FetchTimeoutError):
-                        pass
+                        self.counts.backlog[host] = 0  # nothing was there to deliver
                     except Exception as exc:  # closed, reconnecting, consumer gone
                         log.warning("consumer.fetch_failed", error=repr(exc))
+                        self._bound.discard(host)
                         await _unsubscribe(sub)
                         sub = None
                         await _pause(stop, config.reconnect_wait_s)
                 if watchdog.cancelled_caught:
                     log.warning("consumer.fetch_stalled")
+                    self._bound.discard(host)
                     await _unsubscribe(sub)
                     sub = None
                 for msg in msgs:
                     await self._receive(host, msg, log)
         finally:
+            self._bound.discard(host)
             with anyio.CancelScope(shield=True):
                 await _unsubscribe(sub)
 
@@ -487,6 +524,7 @@ class Executor:
             log.warning("command.not_a_delivery", subject=msg.subject, reply=msg.reply)
             return
         seq, delivered = int(meta.sequence.stream), int(meta.num_delivered)
+        self.counts.backlog[host] = int(meta.num_pending or 0)
         held = self._held.get((host, seq))
         if held is not None:  # redelivered while held: ack with the newest handle
             held.msg, held.delivered = msg, delivered
@@ -495,6 +533,7 @@ class Executor:
         parsed = self._parser.parse(msg.subject, msg.data, prefix=self.config.prefix, host=host)
         if isinstance(parsed, Refusal):
             self.stats["refused"] += 1
+            self.counts.refused[(host, parsed.reason)] += 1
             log.warning(
                 "command.refused",
                 subject=msg.subject,
@@ -576,6 +615,7 @@ class Executor:
             if failure.retry is Retry.LIMITED and held.attempts >= self.config.max_attempts:
                 return _Verdict(outcome="gave-up", detail=detail, reply="term")
             self.stats["retry"] += 1
+            self.counts.retried[(held.host, command.verb, failure.reason)] += 1
             logger.warning(
                 "command.retry",
                 **held.log_fields(),
@@ -621,6 +661,7 @@ class Executor:
         }
         if verdict.earlier is not None:
             self.stats["duplicate"] += 1
+            self.counts.duplicates[(held.host, command.verb)] += 1
             logger.info("command.duplicate", **fields, first_seq=verdict.earlier.stream_seq)
             await _reply(held.msg, "ack", logger)
             return
@@ -639,6 +680,7 @@ class Executor:
             )
         )
         self.stats[verdict.outcome] += 1
+        self.counts.finished[(held.host, command.verb, verdict.outcome)] += 1
         if verdict.outcome == "rejected":
             logger.error("command.rejected", **fields)
         elif verdict.outcome == "gave-up":

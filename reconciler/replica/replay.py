@@ -22,7 +22,10 @@ Rules (docs/architecture.md, rule 2):
   after the replay began.
 - A divergence is one of: ``mismatch`` (same id, other bytes), ``unexpected`` (on the
   bus, not produced by the replay), ``missing`` (produced by the replay, not on the bus).
-  Any divergence fails the replay. On a busy stream the newest outputs may not be
+  Any divergence fails the replay. An output an older release published is not a
+  mismatch when its bytes are exactly what that release wrote: the replay's without the
+  fields registered as added since (:mod:`reconciler.core.compat`); the report counts
+  those by addition (``older``). On a busy stream the newest outputs may not be
   published yet and show as ``missing``: replay an idle stream, or again.
 - A stream that no longer starts at sequence 1 (aged out by ``max_age``) is replayed from
   a snapshot (:mod:`reconciler.replica.snapshots`): the oldest one from which the stored
@@ -60,6 +63,7 @@ from reconciler.bus.codec import Decoder
 from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.consumer import Delivery, InputConsumer
 from reconciler.bus.streams import StreamNames
+from reconciler.core.compat import judge
 from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
 from reconciler.core.state import State
 from reconciler.replica.caches import Caches, Commit, FoldFailed, fold_deliveries
@@ -111,6 +115,9 @@ class ReplayReport:
     #: wall seconds of each part: ``snapshot`` (fetch and verify), ``fold``, ``compare``
     #: (the state digest and the rest of the OUT stream, then the comparison)
     seconds: dict[str, float] = field(default_factory=dict)
+    #: outputs an older release wrote, equal once the fields added since are taken
+    #: out: how many lacked each addition (:attr:`~reconciler.core.compat.Addition.name`)
+    older: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -542,7 +549,11 @@ def _compare(
             divergences.append(Divergence("unexpected", msg_id, subject, None, data))
         elif expected[1] != data or expected[0] != full_subject.removeprefix(head):
             subject = full_subject.removeprefix(head)
-            divergences.append(Divergence("mismatch", msg_id, subject, expected[1], data))
+            lacked = judge(subject, expected[1], data) if expected[0] == subject else None
+            if lacked is None:
+                divergences.append(Divergence("mismatch", msg_id, subject, expected[1], data))
+            for addition in lacked or ():
+                report.older[addition.name] = report.older.get(addition.name, 0) + 1
     report.compared = compared
     for msg_id, (subject, payload) in produced.items():
         if msg_id not in seen:

@@ -72,7 +72,7 @@ from reconciler.store.sqlite import Store
 if TYPE_CHECKING:
     from reconciler.core.state import State
     from reconciler.incus.client import IncusHost
-    from reconciler.replica.metrics import MetricsServer
+    from reconciler.observe.endpoints import MetricsServer
 
 __all__ = ["Replica", "RunConfig", "StartupError", "default_replica_name"]
 
@@ -276,9 +276,11 @@ class Replica:
         self.queries = QueryResponder(nc=nc, caches=caches, prefix=cfg.prefix, health=self.health)
         await self.queries.start()
         if cfg.metrics_addr:
-            from reconciler.replica.metrics import MetricsServer
+            from reconciler.replica.metrics import replica_metrics_server
 
-            self.metrics = MetricsServer(addr=cfg.metrics_addr, runtime=self, health=self.health)
+            self.metrics = replica_metrics_server(
+                addr=cfg.metrics_addr, runtime=self, health=self.health
+            )
             await self.metrics.start()
         self._log.info(
             "replica.started",
