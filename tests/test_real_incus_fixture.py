@@ -17,7 +17,10 @@ def test_the_daemon_is_an_incus_lts_with_the_busybox_image(real_incus: RealIncus
     assert server["environment"]["server"] == "incus"
     assert real_incus.version.split(".")[0] == "6"
     aliases = real_incus.query("/1.0/images/aliases")
-    assert aliases == ["/1.0/images/aliases/busybox"]
+    # the session's daemon is shared: other tests import images of their own (the GARM
+    # tests' slow image), in any order; the fixture's own image is always there
+    assert isinstance(aliases, list)
+    assert "/1.0/images/aliases/busybox" in aliases
 
 
 def test_a_container_of_the_test_image_signals_ready_at_boot(real_incus: RealIncus) -> None:
