@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from tests.realincus import RealIncus
+from tests.support.realincus import RealIncus
 
 RUNCMD_PATH = "/var/lib/cloud/instance/scripts/runcmd"
 OUTPUT_LOG = "/var/log/cloud-init-output.log"

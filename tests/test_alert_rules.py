@@ -36,8 +36,8 @@ from reconciler.bus.streams import StreamNames, ensure_streams
 from reconciler.executor.executor import Executor, ExecutorConfig
 from reconciler.incus.client import IncusHost
 from reconciler.replica.runtime import Replica, RunConfig
-from tests.simfleet import endpoints as fleet_endpoints
-from tests.simfleet import sim_fleet
+from tests.support.simfleet import endpoints as fleet_endpoints
+from tests.support.simfleet import sim_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS = ROOT / "compose" / "prometheus"

@@ -33,7 +33,7 @@ from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.simulator import Fleet, FleetOptions, Listen, SimulatorThread
 from reconciler.incus.simulator import default_fleet as sim_hosts
 from reconciler.incus.views import InstanceSpec
-from tests.natsserver import NatsServer
+from tests.support.natsserver import NatsServer
 
 pytestmark = pytest.mark.timeout(90)
 

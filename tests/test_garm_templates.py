@@ -20,7 +20,7 @@ from reconciler.garm.errors import ProviderError
 from reconciler.garm.gotemplate import Struct, TemplateError, parse
 from reconciler.garm.install import install_context, install_script
 from reconciler.garm.protocol import parse_bootstrap
-from tests.garm_support import CA_PEM, TOKEN, bootstrap
+from tests.support.garm import CA_PEM, TOKEN, bootstrap
 
 pytestmark = pytest.mark.timeout(60)
 

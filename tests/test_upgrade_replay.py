@@ -32,7 +32,7 @@ import orjson
 import pytest
 
 from reconciler.core.compat import ADDITIONS, Addition, judge
-from tests.natsserver import NatsProcess, find_binary
+from tests.support.natsserver import NatsProcess, find_binary
 
 pytestmark = pytest.mark.timeout(120)
 
