@@ -1,4 +1,4 @@
-"""The input consumer (ordered, gap-free, restartable) and the outbox publisher, against a
+"""The input consumer (reconciler.bus.consumer: ordered, gap-free, restartable), against a
 real nats-server."""
 
 from __future__ import annotations
@@ -8,9 +8,7 @@ import pytest
 from nats.aio.client import Client
 
 from reconciler.bus.consumer import LOOKAHEAD, InputConsumer, parse_ack_subject, rfc3339_nanos
-from reconciler.bus.publisher import PublishError, publish_outputs
-from reconciler.bus.streams import StreamNames, ensure_streams
-from reconciler.core.state import Output
+from reconciler.bus.streams import StreamNames
 from tests.support.bus import BusClient
 from tests.support.natsserver import NatsServer, expect_reconnect
 
@@ -152,39 +150,3 @@ async def test_the_consumer_restarts_itself_after_a_reconnect(
     assert await take(consumer, 3) == [4, 5, 6]  # from where it stood, without waiting for ack_wait
     assert consumer.restarts == 2
     await consumer.close()
-
-
-async def test_outputs_are_confirmed_and_deduplicated_by_msg_id(nc: Client) -> None:
-    js = nc.jetstream()
-    await ensure_streams(js, NAMES)
-    outs = [
-        Output(f"out.decision.r{i}", f"decision:r{i}:final", b'{"i": %d}' % i) for i in range(5)
-    ]
-    acks = await publish_outputs(nc, outs, prefix="rc")
-    assert [a.seq for a in acks] == [1, 2, 3, 4, 5] and not any(a.duplicate for a in acks)
-    again = await publish_outputs(
-        nc, [*outs, Output("out.status.host.h1", None, b"{}")], prefix="rc"
-    )
-    assert [a.duplicate for a in again] == [True] * 5 + [False]
-    assert (await js.stream_info("RC_OUT")).state.messages == 6
-
-
-async def test_an_unconfirmed_publish_is_an_error_to_retry(nc: Client) -> None:
-    # no stream captures these subjects: the server answers "no responders"
-    with pytest.raises(PublishError, match="no stream answered"):
-        await publish_outputs(nc, [Output("out.decision.r", "d", b"{}")], prefix="nostream")
-
-
-async def test_a_refused_publish_is_an_error_and_the_others_still_count(nc: Client) -> None:
-    js = nc.jetstream()
-    await ensure_streams(js, NAMES)
-    await js.update_stream(
-        (await js.stream_info("RC_OUT")).config.evolve(max_msg_size=64)
-    )  # a payload over 64 bytes is refused by the stream
-    outs = [
-        Output("out.decision.small", "decision:small:final", b"{}"),
-        Output("out.decision.big", "decision:big:final", b"x" * 100),
-    ]
-    with pytest.raises(PublishError, match="the stream refused"):
-        await publish_outputs(nc, outs, prefix="rc", timeout_s=5)
-    assert (await js.stream_info("RC_OUT")).state.messages == 1

@@ -1,4 +1,4 @@
-"""Streams and bucket of CONTRACT.md ("Streams"), the NATS connection, and the test server.
+"""Streams and bucket of CONTRACT.md ("Streams") (reconciler.bus.streams).
 
 Run against the real nats-server of the ``nats_server`` fixture.
 """
@@ -7,23 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
-import os
 import secrets
-import socket
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
-import anyio
 import nats
 import pytest
 from nats.aio.client import Client
 from nats.js import api
 from structlog.testing import capture_logs
 
-from reconciler.bus.connection import ConnectOptions, connect, parse_urls
 from reconciler.bus.streams import StreamNames, ensure_streams
-from tests.support.natsserver import NatsProcess, NatsServer, expect_reconnect, start_nats_server
+from tests.support.natsserver import NatsServer, expect_reconnect
 
 DAY = 24 * 3600.0
 
@@ -50,12 +44,6 @@ async def prefix_for(
             for stream in (n.in_stream, n.out_stream, n.leader_stream):
                 with contextlib.suppress(nats.js.errors.NotFoundError):
                     await js.delete_stream(stream)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # ---------------------------------------------------------------------------- names
@@ -271,110 +259,3 @@ async def test_streams_survive_a_server_restart(
     with capture_logs() as logs:
         await ensure_streams(js, names)
     assert logs == []
-
-
-# ---------------------------------------------------------------------------- connection
-
-
-def test_parse_urls() -> None:
-    assert parse_urls("nats://a:4222") == ("nats://a:4222",)
-    assert parse_urls("nats://a:4222, nats://b:4222 nats://c:1") == (
-        "nats://a:4222",
-        "nats://b:4222",
-        "nats://c:1",
-    )
-    with pytest.raises(ValueError):
-        parse_urls(" , ")
-    assert ConnectOptions(urls="nats://a,nats://b").urls == ("nats://a", "nats://b")  # type: ignore[arg-type]
-    with pytest.raises(ValueError):
-        ConnectOptions(password="secret")
-
-
-async def test_connect_logs_and_reconnects_after_a_restart(nats_server: NatsServer) -> None:
-    opts = ConnectOptions.from_url(nats_server.url, name="test-conn", reconnect_wait_s=0.1)
-    with capture_logs() as logs:
-        client = await connect(opts)
-        try:
-            assert client.is_connected
-            async with expect_reconnect(client):
-                nats_server.restart()
-            await client.flush(timeout=2)
-        finally:
-            await client.close()
-    events = [e["event"] for e in logs]
-    assert events[0] == "nats.connected"
-    assert "nats.disconnected" in events
-    assert "nats.reconnected" in events
-    assert events[-1] == "nats.closed"
-
-
-async def test_connect_keeps_retrying_until_the_initial_timeout() -> None:
-    opts = ConnectOptions.from_url(
-        f"nats://127.0.0.1:{free_port()}",
-        reconnect_wait_s=0.05,
-        connect_timeout_s=0.2,
-        initial_timeout_s=0.5,
-    )
-    with capture_logs() as logs, anyio.fail_after(3), pytest.raises(TimeoutError):
-        await connect(opts)
-    assert sum(e["event"] == "nats.error" for e in logs) >= 2  # it did retry
-
-
-async def test_connect_waits_for_a_server_that_starts_later(tmp_path: Path) -> None:
-    if os.environ.get("RC_TEST_NATS_URL"):
-        pytest.skip("needs a server this test controls")
-    with start_nats_server(tmp_path) as server:
-        assert isinstance(server, NatsProcess)
-        server.kill()
-        opts = ConnectOptions.from_url(server.url, reconnect_wait_s=0.05, connect_timeout_s=0.5)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(anyio.to_thread.run_sync, _start_later, server)
-            with anyio.fail_after(5):
-                client = await connect(opts)
-        try:
-            assert client.is_connected
-        finally:
-            await client.close()
-
-
-def _start_later(server: NatsServer) -> None:
-    import time
-
-    time.sleep(0.3)
-    server.start()
-
-
-@pytest.mark.skipif(importlib.util.find_spec("nkeys") is not None, reason="nkeys is installed")
-async def test_creds_without_nkeys_fail_clearly(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeError, match="nkeys"):
-        await connect(ConnectOptions(creds_file=str(tmp_path / "user.creds")))
-
-
-# ---------------------------------------------------------------------------- the test server
-
-
-async def test_a_paused_server_answers_nothing_until_resumed(
-    nats_server: NatsServer, nc: Client
-) -> None:
-    # A request, not nc.flush(timeout=…): in nats-py 2.16 a timed-out flush leaves a
-    # cancelled future behind, and the late PONG kills the client's read loop.
-    js = nc.jetstream(timeout=0.3)
-    nats_server.pause()
-    try:
-        with pytest.raises(nats.errors.TimeoutError):
-            await js.account_info()
-    finally:
-        nats_server.resume()
-    await nc.jetstream(timeout=2).account_info()
-
-
-def test_closing_the_server_leaves_no_process(tmp_path: Path) -> None:
-    if os.environ.get("RC_TEST_NATS_URL"):
-        pytest.skip("needs a server this test controls")
-    with start_nats_server(tmp_path) as server:
-        assert isinstance(server, NatsProcess)
-        pid = server.pid
-        server.pause()  # even a stopped process is terminated
-    assert pid is not None
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)

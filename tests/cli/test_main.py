@@ -1,9 +1,9 @@
-"""The ``reconciler`` command line as an operator runs it: ``run`` as a process (signals,
-metrics, health), then ``replay``, ``audit`` and ``status`` on what it did."""
+"""The ``reconciler`` command line (reconciler.cli.main) as an operator runs it: ``run`` as
+a process (signals, metrics, health), then ``replay``, ``audit`` and ``status`` on what it
+did, and the options of every command validated and documented."""
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 import signal
@@ -20,12 +20,10 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from reconciler.cli.entry import run_without_aiohttp
-from reconciler.cli.gc_policy import DEFAULT_GC_THRESHOLD, apply_gc_threshold
+from reconciler.cli.gc_policy import DEFAULT_GC_THRESHOLD
 from reconciler.cli.main import cli
 from reconciler.store.sqlite import Store
 from tests.support import builders as b
-from tests.support import realincus
 from tests.support.bus import BusClient
 
 pytestmark = pytest.mark.timeout(90)
@@ -179,26 +177,6 @@ def test_a_run_without_websocket_or_metrics_never_loads_aiohttp(
             process.stop(signal.SIGKILL)
 
 
-@pytest.mark.parametrize(
-    ("args", "env", "without"),
-    [
-        (["run", "--nats-url", "nats://a:4222"], {}, True),
-        (["run"], {"RC_NATS_URL": "tls://a:4222"}, True),
-        (["run", "--nats-url", "nats://a:4222,WSS://b:443"], {}, False),
-        (["run"], {"RC_NATS_URL": "ws://a:8080"}, False),
-        (["run", "--metrics-addr", "127.0.0.1:9100"], {}, False),
-        (["run", "--metrics-addr=127.0.0.1:9100"], {}, False),
-        (["run"], {"RC_METRICS_ADDR": "127.0.0.1:9100"}, False),
-        (["bridge", "--nats-url", "nats://a:4222"], {}, False),
-        ([], {}, False),
-    ],
-)
-def test_the_console_script_leaves_aiohttp_out_only_of_a_run_that_cannot_need_it(
-    args: list[str], env: dict[str, str], without: bool
-) -> None:
-    assert run_without_aiohttp(args, env) is without
-
-
 def test_replay_audit_and_status_after_a_run(served: tuple[str, Path, RunningProcess]) -> None:
     url, db, process = served
     assert process.stop() == 0
@@ -313,45 +291,3 @@ def test_options_are_validated_and_documented() -> None:
     assert bad.exit_code == 2 and "replica name" in bad.output
     bad = runner.invoke(cli, ["run", "--gc-threshold", "-1"])
     assert bad.exit_code == 2 and "--gc-threshold" in bad.output
-
-
-def test_the_gc_threshold_sets_the_youngest_generation_only() -> None:
-    before = gc.get_threshold()
-    try:
-        assert apply_gc_threshold(0) == before
-        assert apply_gc_threshold(12_345) == (12_345, *before[1:])
-        with pytest.raises(ValueError, match="threshold"):
-            apply_gc_threshold(-1)
-        assert gc.get_threshold() == (12_345, *before[1:])
-    finally:
-        gc.set_threshold(*before)
-
-
-def test_the_demo_runs_the_story_and_replays_it(tmp_path: Path) -> None:
-    """The README's main job: nats-server, simulated fleet, replica, bridge, executor."""
-    result = CliRunner().invoke(cli, ["demo", "--db", str(tmp_path / "demo.db"), "--quiet"])
-    assert result.exit_code == 0, result.output
-    assert "1 x admit-preemptible pending → admitted" in result.output
-    assert "2 x claim-warm claimed" in result.output
-    assert re.search(r"Summary of \d+ requests", result.output)
-    assert re.search(r"executor commands: \{'create': [45], 'delete': 1\}", result.output)
-    assert "dead letters: 2" in result.output
-    assert "replay of the input stream: no divergences, same digest" in result.output
-
-
-@pytest.mark.real_incus
-def test_the_demo_runs_on_a_real_incus_daemon(tmp_path: Path) -> None:
-    """``demo --incus-real``: the same story on containers of a private Incus daemon of
-    its own (not the session's), replayed without a divergence."""
-    reason = realincus.unavailable()
-    if reason is not None:
-        if realincus.required():
-            pytest.fail(f"{realincus.REQUIRE_ENV} is set but {reason}", pytrace=False)
-        pytest.skip(reason)
-    db = tmp_path / "demo.db"
-    result = CliRunner().invoke(cli, ["demo", "--incus-real", "--db", str(db), "--quiet"])
-    assert result.exit_code == 0, result.output
-    assert "1 x admit-preemptible pending → admitted" in result.output
-    assert "1 x claim-warm claimed" in result.output
-    assert "dead letters: 0" in result.output
-    assert "replay of the input stream: no divergences, same digest" in result.output

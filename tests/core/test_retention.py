@@ -1,8 +1,9 @@
 """Retention inside the fold (CONTRACT.md "Retention"): decided request ids and released
 leases are forgotten ``decision_retention_s`` seconds of stream time after their final
-decision or release; a replay reproduces it; the store deletes what the fold evicted.
+decision or release; a replay reproduces it. (That the store deletes what the fold
+evicted is in tests/store/test_sqlite.py.)
 
-Property tests reuse the random streams of ``test_properties`` (one second of stream
+Property tests reuse the random streams of ``test_fold_properties`` (one second of stream
 time per input) with a short retention, and check after every input that nothing is
 kept past its retention, nothing pending or active is evicted, the capacity invariant
 holds, the derived indexes equal a fresh ``reindex``; and at the end that a replay and a
@@ -11,10 +12,7 @@ restart half way reach the same state digest with the same output bytes.
 
 from __future__ import annotations
 
-import sqlite3
-from contextlib import closing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -28,7 +26,6 @@ from reconciler.core.inputs import Message
 from reconciler.core.model import LeaseState
 from reconciler.core.state import Effects, State
 from reconciler.store.digest import state_digest
-from reconciler.store.sqlite import Store
 from tests.core.test_fold_properties import Run, budget, derived, out_tuples, over, play
 from tests.support.builders import admit, cmd, message, pool, snapshot
 
@@ -230,39 +227,6 @@ def test_evicting_a_released_lease_drops_its_job_binding() -> None:
     fx = run.send(cmd("release", "noop", instance="x"), after=100)
     assert "j1" not in run.state.jobs and fx.jobs == {"j1"}
     assert run.state.lease_of_instance("i1") is None
-
-
-async def test_the_store_deletes_what_the_fold_evicted(tmp_path: Path) -> None:
-    run = Clocked(retention=20)
-    async with await Store.open(tmp_path / "rc.db") as store:
-        fx = run.send(snapshot("h1", cpu=8))
-        fx.extend(run.send(pool("p", cpu=2, memory_mib=0, disk_gib=0)))
-        for n in range(40):
-            fold_fx = run.send(admit(f"r{n}", "p", f"i{n}", job=f"j{n}"), after=1)
-            fx.extend(fold_fx)
-            fx.extend(run.send(cmd("release", f"rel{n}", instance=f"i{n}")))
-            if n % 7 == 6:
-                assert await store.commit(run.state, fx, applied_seq=run.state.applied_seq)
-                fx = Effects()
-        assert await store.commit(run.state, fx, applied_seq=run.state.applied_seq)
-        loaded = await store.load_state(decision_retention_s=20)
-    with closing(sqlite3.connect(tmp_path / "rc.db")) as conn:
-        counts = {
-            table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-            for table in ("decisions", "leases", "jobs")
-        }
-    assert state_digest(loaded) == state_digest(run.state)
-    assert counts == {
-        "decisions": len(run.state.decisions),
-        "leases": len(run.state.leases),
-        "jobs": len(run.state.jobs),
-    }
-    assert len(run.state.decisions) < 25  # 80 decided, only the last 20 s kept
-    # folding on from the loaded state evicts exactly what the in-memory one does
-    item = cmd("release", "late", instance="x")
-    msg = Message(seq=run.seq + 1, timestamp="2026-12-02T11:00:00Z", input=message(1, item).input)
-    assert out_tuples(fold(loaded, msg)) == out_tuples(fold(run.state, msg))
-    assert state_digest(loaded) == state_digest(run.state)
 
 
 @pytest.mark.parametrize("retention", [1, 5])

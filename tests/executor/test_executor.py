@@ -6,18 +6,15 @@ deletes of running, stopped and missing VMs; one instance's commands in order an
 instances in parallel; a command id acted on once (re-published, redelivered after a
 crash); retries of transient failures (a failing create, an unreachable host) and of a
 NATS restart; definite refusals terminated; bad commands refused without Incus;
-heartbeats; graceful shutdown in-process and of the command as a process on SIGTERM.
+heartbeats; graceful shutdown. Parsing is in ``test_commands.py``, the command as a
+process in ``tests/cli/test_executor_cmd.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
-import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -25,40 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import click
-import orjson
 import pytest
 from nats.aio.client import Client
 from nats.js import api
 
 from reconciler.bus.streams import ensure_streams
-from reconciler.cli.executor_cmd import load_endpoints, parse_verify
 from reconciler.core.model import TAG_KIND, TAG_LEASE_ID, TAG_POOL
-from reconciler.executor.commands import (
-    CommandParser,
-    CreateCommand,
-    DeleteCommand,
-    Refusal,
-    Retry,
-    classify,
-    invalid_instance_name,
-)
 from reconciler.executor.executor import ExecutorConfig, consumer_name
 from reconciler.executor.store import ExecutorStore, FinishedCommand
 from reconciler.incus.client import IncusEndpoint, IncusHost
-from reconciler.incus.errors import (
-    ApiRejected,
-    ImageNotFound,
-    ImageTypeMismatch,
-    IncusUnavailable,
-    InstanceExists,
-    InstanceNameTaken,
-    InstanceTypeUnsupported,
-    OperationFailed,
-    OperationLost,
-    OperationTimedOut,
-)
-from reconciler.incus.simulator import Fleet, Listen, SimulatorThread, default_fleet
+from reconciler.incus.simulator import Fleet, Listen, default_fleet
 from tests.incus.conftest import FAST, make_fleet
 from tests.support.executor import (
     GPU_PCI,
@@ -112,100 +85,7 @@ def instance(fleet: Fleet, host: str, name: str, project: str = "ci") -> Any:
     return fleet.host(host).instances.get((project, name))
 
 
-# ------------------------------------------------------------------------ parsing
-
-
-def test_instance_names_follow_incus_rule() -> None:
-    for good in ("a", "w-4", "rc-small-7", "x" * 63, "1a", "a1"):
-        assert invalid_instance_name(good) is None, good
-    for bad in ("", "x" * 64, "-a", "a-", "123", "a_b", "a.b", "a/b", "ä"):
-        assert invalid_instance_name(bad) is not None, bad
-
-
-def test_parser_refuses_bad_commands_with_a_reason() -> None:
-    parser = CommandParser()
-    good = create_cmd(CPU, "w-1", "L1")
-
-    def parse(payload: Any, subject: str = f"{PREFIX}.out.exec.{CPU}.create") -> Any:
-        data = payload if isinstance(payload, bytes) else orjson.dumps(payload)
-        return parser.parse(subject, data, prefix=PREFIX, host=CPU)
-
-    parsed = parse(good)
-    assert isinstance(parsed, CreateCommand)
-    assert parsed.key == f"{CPU}/ci/w-1"
-    spec = parsed.spec(storage_pool="fast")
-    assert spec.tags == {TAG_LEASE_ID: "L1", TAG_POOL: "small", TAG_KIND: "warm"}
-    assert spec.storage_pool == "fast"
-    deleted = parse(delete_cmd(CPU, "w-1", "L1"), f"{PREFIX}.out.exec.{CPU}.delete")
-    assert isinstance(deleted, DeleteCommand)
-    assert deleted.reason == "drained"
-
-    cases: list[tuple[Any, str, str]] = [
-        (b"\xff", "decode", f"{PREFIX}.out.exec.{CPU}.create"),
-        (b"[1]", "decode", f"{PREFIX}.out.exec.{CPU}.create"),
-        (b"x" * 1_048_577, "too-large", f"{PREFIX}.out.exec.{CPU}.create"),
-        (good, "subject", f"{PREFIX}.out.exec.{CPU}.restart"),
-        (good, "subject", f"{PREFIX}.out.status.host.{CPU}"),
-        ({k: v for k, v in good.items() if k != "image"}, "schema", ""),
-        ({**good, "v": 2}, "schema", ""),
-        ({**good, "instance": "-bad"}, "schema", ""),
-        ({**good, "host": OTHER}, "wrong-host", ""),
-        (good, "wrong-host", f"{PREFIX}.out.exec.{OTHER}.create"),
-        (good, "schema", f"{PREFIX}.out.exec.{CPU}.delete"),
-    ]
-    for payload, reason, subject in cases:
-        refused = parse(payload, subject or f"{PREFIX}.out.exec.{CPU}.create")
-        assert isinstance(refused, Refusal), (payload, subject)
-        assert refused.reason == reason, (refused, subject)
-
-
-def test_failures_are_sorted_by_what_to_do() -> None:
-    h = "h"
-    assert classify(IncusUnavailable(h, "refused")).retry is Retry.FOREVER
-    assert classify(OperationTimedOut(h, "slow")).retry is Retry.FOREVER
-    busy = OperationFailed(h, 'Instance is busy running a "start" operation')
-    assert classify(busy).retry is Retry.FOREVER
-    flaky = OperationFailed(h, "Failed creating instance from image: simulated failure")
-    assert classify(flaky).retry is Retry.LIMITED
-    image = OperationFailed(h, "Failed creating instance from image: Image not found")
-    assert classify(image).retry is Retry.NEVER
-    profile = ApiRejected(h, 'Requested profile "x" doesn\'t exist', status=500)
-    assert classify(profile).retry is Retry.NEVER
-    assert classify(ApiRejected(h, "Invalid config", status=400)).retry is Retry.NEVER
-    assert classify(InstanceExists(h, "taken", status=409)).reason == "name-taken"
-    assert classify(ApiRejected(h, "not trusted", status=403)).retry is Retry.FOREVER
-    assert classify(ApiRejected(h, "oops", status=500)).retry is Retry.LIMITED
-
-
-@pytest.mark.parametrize(
-    "refusal",
-    [
-        ImageTypeMismatch(
-            "h",
-            'Requested image\'s type "container" doesn\'t match instance type "virtual-machine"',
-        ),
-        InstanceTypeUnsupported(
-            "h", 'Instance type "virtual-machine" is not supported on this server'
-        ),
-        ImageNotFound("h", "Image not provided for instance creation"),
-    ],
-)
-def test_refused_creates_are_never_retried(refusal: OperationFailed) -> None:
-    failure = classify(refusal)
-
-    assert (failure.retry, failure.reason) == (Retry.NEVER, "refused")
-
-
-def test_an_operation_gone_before_its_end_was_seen_is_tried_again() -> None:
-    lost = OperationLost("h", "operation 1234 is gone; its outcome is unknown")
-
-    assert (classify(lost).retry, classify(lost).reason) == (Retry.LIMITED, "operation-lost")
-
-
-def test_a_name_taken_inside_the_operation_is_never_retried() -> None:
-    taken = InstanceNameTaken("h", "UNIQUE constraint failed: instances.project_id, instances.name")
-
-    assert (classify(taken).retry, classify(taken).reason) == (Retry.NEVER, "name-taken")
+# ------------------------------------------------------------------------ configuration
 
 
 def test_config_is_validated() -> None:
@@ -220,77 +100,6 @@ def test_config_is_validated() -> None:
     with pytest.raises(ValueError, match="heartbeat"):
         ExecutorConfig(endpoints=(endpoint,), ack_wait_s=10, heartbeat_s=10)
     assert ExecutorConfig(endpoints=(endpoint,), ack_wait_s=8).heartbeat_interval_s == 2
-
-
-def test_endpoints_from_fleet_file_and_flags(tmp_path: Path) -> None:
-    ca = tmp_path / "ca.pem"
-    ca.write_text("-----BEGIN CERTIFICATE-----\n")
-    fleet_file = tmp_path / "fleet.json"
-    fleet_file.write_bytes(
-        orjson.dumps(
-            {
-                "hosts": {
-                    "h1": {"url": "https://10.0.0.1:8443"},
-                    "h2": {"url": "https://10.0.0.2:8443", "verify": str(ca)},
-                    "h3": {"url": "http+unix://%2Fvar%2Flib%2Fincus%2Funix.socket"},
-                }
-            }
-        )
-    )
-    found = load_endpoints(
-        fleet_file=fleet_file,
-        pairs=["h4=/run/incus.socket", "h1=https://10.0.0.9:8443"],
-        cert=("c.pem", "k.pem"),
-        verify=False,
-    )
-    by_host = {e.host: e for e in found}
-    assert [e.host for e in found] == ["h1", "h2", "h3", "h4"]
-    assert by_host["h1"].url == "https://10.0.0.9:8443"  # the flag wins over the file
-    assert (by_host["h1"].cert, by_host["h1"].verify) == (("c.pem", "k.pem"), False)
-    assert by_host["h2"].verify == str(ca)  # the file's own verify
-    assert by_host["h3"].cert is None  # no TLS over a unix socket
-    assert by_host["h4"].url == "http+unix://%2Frun%2Fincus.socket"
-    only = load_endpoints(fleet_file=fleet_file, only=["h2"])
-    assert [e.host for e in only] == ["h2"]
-    with pytest.raises(click.BadParameter):
-        load_endpoints(fleet_file=fleet_file, only=["nope"])
-    with pytest.raises(click.BadParameter):
-        load_endpoints(fleet_file=None, pairs=["no-url"])
-    assert parse_verify("false") is False
-    assert parse_verify("TRUE") is True
-    assert parse_verify(str(ca)) == str(ca)
-    with pytest.raises(click.BadParameter):
-        parse_verify(str(tmp_path / "missing.pem"))
-
-
-# -------------------------------------------------------------------------- store
-
-
-async def test_store_keeps_the_first_record_and_prunes_old_ones(db: Path) -> None:
-    now = [1000.0]
-    async with await ExecutorStore.open(db, clock=lambda: now[0]) as store:
-        first = FinishedCommand(
-            command_id="delete:L1:drained",
-            verb="delete",
-            host=CPU,
-            project="ci",
-            instance="w-1",
-            lease_id="L1",
-            outcome="deleted",
-            stream_seq=7,
-        )
-        assert (await store.record(first)).finished_at == 1000.0
-        again = dataclasses.replace(first, outcome="absent", stream_seq=9)
-        assert (await store.record(again)).outcome == "deleted"
-        assert await store.lease_deleted(host=CPU, lease_id="L1") is not None
-        assert await store.lease_deleted(host=OTHER, lease_id="L1") is None
-        now[0] = 2000.0
-        await store.record(dataclasses.replace(first, command_id="x", outcome="rejected"))
-        assert await store.prune(retention_s=500) == 1
-        assert await store.finished("delete:L1:drained") is None
-        assert await store.finished("x") is not None
-    with pytest.raises(ValueError, match="unknown outcome"):
-        dataclasses.replace(first, outcome="maybe")
 
 
 # ------------------------------------------------------------------------ creating
@@ -777,92 +586,6 @@ async def test_stop_finishes_running_commands_and_hands_back_the_rest(
         assert record.outcome == "created"
         async with await ExecutorStore.open(db) as store:
             assert (await store.finished("create:L15")) is not None
-
-
-def test_sigterm_lets_the_command_process_finish_its_command(tmp_path: Path, nats_url: str) -> None:
-    directory = Path(tempfile.mkdtemp(prefix="ex-"))
-    slow = dataclasses.replace(FAST, action_delay_s=1.0)
-    fleet_file = directory / "fleet.json"
-    db = tmp_path / "executor.db"
-    log_file = tmp_path / "executor.log"
-    try:
-        with SimulatorThread(make_fleet(directory, options=slow, hosts=2)) as sim:
-            anyio.run(_ensure_streams, nats_url)
-            with log_file.open("ab") as out:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", "reconciler.cli.executor_cmd",
-                     "--incus-fleet", str(fleet_file), "--nats-url", nats_url,
-                     "--db", str(db), "--log-format", "json", "--retry-base", "0.1"],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                )  # fmt: skip
-            try:
-                _wait(lambda: _log_events(log_file).count("consumer.bound") == 2, 15)
-                anyio.run(_publish_one, nats_url, create_cmd(CPU, "w-17", "L17"))
-                _wait(lambda: ("ci", "w-17") in sim.host(CPU).instances, 10)
-                process.send_signal(signal.SIGTERM)
-                assert process.wait(20) == 0
-            finally:
-                if process.poll() is None:
-                    process.kill()
-            made = sim.call(lambda: sim.host(CPU).instances.get(("ci", "w-17")))
-            assert made is not None
-            assert made.is_running
-            assert made.config[TAG_LEASE_ID] == "L17"
-        events = _log_events(log_file)
-        assert "command.done" in events
-        assert events[-1] == "executor.stopped"
-        info = anyio.run(_consumer_info, nats_url, CPU)
-        assert info.num_ack_pending == 0
-        assert info.ack_floor.stream_seq == info.delivered.stream_seq
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def _log_events(path: Path) -> list[str]:
-    found = []
-    for line in path.read_text().splitlines():
-        if line.startswith("{"):
-            found.append(str(orjson.loads(line).get("event")))
-    return found
-
-
-def _wait(condition: Any, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
-
-
-async def _with_client(url: str) -> Client:
-    import nats
-
-    return await nats.connect(url, connect_timeout=2)
-
-
-async def _ensure_streams(url: str) -> None:
-    nc = await _with_client(url)
-    try:
-        await ensure_streams(nc.jetstream(), NAMES)
-    finally:
-        await nc.close()
-
-
-async def _publish_one(url: str, payload: dict[str, Any]) -> None:
-    nc = await _with_client(url)
-    try:
-        await publish(nc, payload)
-    finally:
-        await nc.close()
-
-
-async def _consumer_info(url: str, host: str) -> Any:
-    nc = await _with_client(url)
-    try:
-        return await consumer_info(nc, host)
-    finally:
-        await nc.close()
 
 
 # ------------------------------------------------------------------------ soak

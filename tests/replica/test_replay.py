@@ -32,7 +32,6 @@ from reconciler.replica.replay_reading import (
     StreamReader,
 )
 from reconciler.replica.snapshots import SnapshotBucket, SnapshotPublisher, object_name
-from reconciler.store.pipes import widen_pipe
 from reconciler.store.snapshot import read_snapshot
 from reconciler.store.sqlite import Store
 from tests.replica.test_snapshots import digest_of, fold_with_snapshot, tamper
@@ -320,8 +319,3 @@ def test_the_reader_child_widens_its_pipe_to_the_replay() -> None:
         child.wait(timeout=60)
         size = fcntl.fcntl(child.stdout.fileno(), fcntl.F_GETPIPE_SZ)
     assert size == min(4 << 20, allowed) > 65536
-
-
-def test_widening_what_is_not_a_pipe_changes_nothing_and_says_so(tmp_path: Path) -> None:
-    with (tmp_path / "file").open("wb") as file:
-        assert widen_pipe(file, 4 << 20) == 0

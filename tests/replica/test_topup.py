@@ -14,7 +14,7 @@ from reconciler.core.state import State
 from reconciler.replica.caches import Caches, Commit
 from reconciler.replica.topup import WarmPoolReconciler
 from tests.support.builders import Fleet, admit, cmd, inventory, pool, snapshot
-from tests.work.test_queue import FakeClock
+from tests.support.clock import FakeClock
 
 WEB = PoolName("web")
 

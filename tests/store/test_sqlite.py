@@ -1,5 +1,7 @@
-"""The SQLite store: exact reloads at every cut, one forward-only transaction per batch,
-outbox and journal, migrations, error translation, and the entity codec."""
+"""The SQLite store (reconciler.store.sqlite): exact reloads at every cut, one
+forward-only transaction per batch, outbox and journal, migrations, error translation,
+the entity codec, files private to their owner, and the rows the fold's retention evicted
+deleted."""
 
 from __future__ import annotations
 
@@ -7,8 +9,10 @@ import asyncio
 import contextlib
 import dataclasses
 import sqlite3
+import stat
 import tempfile
 from collections.abc import Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +43,12 @@ from reconciler.store import (
 )
 from reconciler.store import migrations as mig
 from reconciler.store.codec import CodecError
+from reconciler.store.digest import state_digest
 from reconciler.store.outbox import unpack_outputs
+from tests.core.test_fold_properties import out_tuples
+from tests.core.test_retention import Clocked
 from tests.support import builders as b
+from tests.support.builders import admit, cmd, message, pool, snapshot
 
 # ============================================================================ scenario
 
@@ -752,3 +760,47 @@ def test_packed_outputs_round_trip_in_order() -> None:
     ]
     assert unpack_outputs(pack_outputs(outputs)) == outputs
     assert unpack_outputs(pack_outputs([])) == []
+
+
+@pytest.mark.parametrize("writer_process", [False, True])
+async def test_a_new_store_is_private_to_its_owner(tmp_path: Path, writer_process: bool) -> None:
+    db = tmp_path / "rc.db"
+    async with await Store.open(db, writer_process=writer_process) as store:
+        await store.mark_published_through(0)
+    files = list(tmp_path.iterdir())  # noqa: ASYNC240 - a test's own directory
+    assert files  # the database (and its WAL, shared memory and writer lock)
+    for path in files:
+        assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
+
+
+async def test_the_store_deletes_what_the_fold_evicted(tmp_path: Path) -> None:
+    run = Clocked(retention=20)
+    async with await Store.open(tmp_path / "rc.db") as store:
+        fx = run.send(snapshot("h1", cpu=8))
+        fx.extend(run.send(pool("p", cpu=2, memory_mib=0, disk_gib=0)))
+        for n in range(40):
+            fold_fx = run.send(admit(f"r{n}", "p", f"i{n}", job=f"j{n}"), after=1)
+            fx.extend(fold_fx)
+            fx.extend(run.send(cmd("release", f"rel{n}", instance=f"i{n}")))
+            if n % 7 == 6:
+                assert await store.commit(run.state, fx, applied_seq=run.state.applied_seq)
+                fx = Effects()
+        assert await store.commit(run.state, fx, applied_seq=run.state.applied_seq)
+        loaded = await store.load_state(decision_retention_s=20)
+    with closing(sqlite3.connect(tmp_path / "rc.db")) as conn:
+        counts = {
+            table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            for table in ("decisions", "leases", "jobs")
+        }
+    assert state_digest(loaded) == state_digest(run.state)
+    assert counts == {
+        "decisions": len(run.state.decisions),
+        "leases": len(run.state.leases),
+        "jobs": len(run.state.jobs),
+    }
+    assert len(run.state.decisions) < 25  # 80 decided, only the last 20 s kept
+    # folding on from the loaded state evicts exactly what the in-memory one does
+    item = cmd("release", "late", instance="x")
+    msg = Message(seq=run.seq + 1, timestamp="2026-12-02T11:00:00Z", input=message(1, item).input)
+    assert out_tuples(fold(loaded, msg)) == out_tuples(fold(run.state, msg))
+    assert state_digest(loaded) == state_digest(run.state)

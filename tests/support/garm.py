@@ -16,6 +16,8 @@ from typing import Any
 import anyio
 import orjson
 
+from reconciler.garm.protocol import parse_bootstrap
+
 #: secrets of the bootstrap: the tests check they never reach the bus
 TOKEN = "eyJhbGciOiJIUzI1NiJ9.c2VjcmV0LXJ1bm5lci10b2tlbg.Zm9vYmFyLXNpZ25hdHVyZQ"
 CA_PEM = (
@@ -77,6 +79,23 @@ def bootstrap(name: str, flavor: str, *, pool_id: str = GARM_POOL) -> dict[str, 
         "jit_config_enabled": True,
         "proxy_config": {"http_proxy": "", "https_proxy": "", "no_proxy": ""},
     }
+
+
+def parsed(**changes: Any) -> Any:
+    body = bootstrap("garm-abc", "small")
+    body.update(changes)
+    return parse_bootstrap(orjson.dumps(body))
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+#: extra specs of a pool: two pre-install scripts (out of name order) and two packages
+SPECS = {
+    "pre_install_scripts": {"02-second": b64("echo two\n"), "01-first": b64("echo one\n")},
+    "extra_packages": ["jq", "curl"],
+}
 
 
 @dataclass(frozen=True)

@@ -25,17 +25,7 @@ from reconciler.work.queue import (
     WorkQueue,
     run_workers,
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from tests.support.clock import FakeClock
 
 
 def drain(queue: WorkQueue[str]) -> list[str]:
