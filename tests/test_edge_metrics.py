@@ -208,7 +208,8 @@ def test_the_bridge_serves_its_probes_and_counts_per_host(tmp_path: Path, nats_u
             for host in (ONE, TWO):
                 assert value(samples, "rc_bridge_host_connected", host=host) == 1
                 for kind in ("snapshot", "inventory"):
-                    assert value(samples, "rc_bridge_resyncs_total", host=host, kind=kind) >= 1
+                    resyncs = value(samples, "rc_bridge_resyncs_total", host=host, kind=kind)
+                    assert resyncs is not None and resyncs >= 1
                 assert value(samples, "rc_bridge_reconnects_total", host=host) == 0
                 assert value(samples, "rc_bridge_events_forwarded_total", host=host) == 0
             inventories = value(samples, "rc_bridge_resyncs_total", host=ONE, kind="inventory")

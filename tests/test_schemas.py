@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from reconciler.bus.schemas import BASE_URI, SchemaLoadError, input_schema_path, load, schemas_dir
-from reconciler.core.inputs import KINDS, DomainError, from_payload
+from reconciler.core.inputs import KINDS, DomainError, PoolConfig, from_payload
 from reconciler.core.state import Effects
 from tests.support import builders as b
 from tests.support.repo import ROOT as REPO
@@ -367,10 +367,11 @@ def test_optional_pool_fields_get_the_builders_defaults() -> None:
         },
     )
     props = pool["properties"]
-    assert built.placement == props["placement"]["default"]  # type: ignore[union-attr]
-    assert built.project == props["project"]["default"]  # type: ignore[union-attr]
-    assert built.image == props["image"]["default"]  # type: ignore[union-attr]
-    assert built.priority == props["priority"]["default"]  # type: ignore[union-attr]
+    assert isinstance(built, PoolConfig)
+    assert built.placement == props["placement"]["default"]
+    assert built.project == props["project"]["default"]
+    assert built.image == props["image"]["default"]
+    assert built.priority == props["priority"]["default"]
 
 
 class _Checked(b.Fleet):

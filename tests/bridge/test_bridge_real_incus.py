@@ -8,6 +8,7 @@ verbatim, including those right after (re)connection.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -132,7 +133,7 @@ async def test_every_lifecycle_event_incus_emitted_reaches_the_bus(
             for i in range(2):
                 await anyio.to_thread.run_sync(real_incus.launch_ready, f"br-{i}")
                 await anyio.to_thread.run_sync(
-                    lambda i=i: real_incus.incus("delete", "--force", f"br-{i}")
+                    functools.partial(real_incus.incus, "delete", "--force", f"br-{i}")
                 )
             await anyio.to_thread.run_sync(real_incus.launch_ready, "br-graceful")
             await anyio.to_thread.run_sync(

@@ -226,7 +226,9 @@ def test_replay_fails_on_a_divergence(served: tuple[str, Path, RunningProcess]) 
     assert process.stop() == 0
 
     async def forge(bus: BusClient) -> None:
-        body = orjson.loads((await bus.last_output("rc.out.decision.r2")).data)  # type: ignore[union-attr]
+        decided = await bus.last_output("rc.out.decision.r2")
+        assert decided is not None
+        body = orjson.loads(decided.data)
         body["outcome"] = "rejected"
         await bus.js.publish(
             "rc.out.decision.r9", orjson.dumps(body), headers={"Nats-Msg-Id": "decision:r9:final"}

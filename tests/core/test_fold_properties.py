@@ -1588,7 +1588,10 @@ def prelude(draw: Draw, run: Run) -> list[Item]:
     return items
 
 
-def play(data: Any, run: Run, *, steps: int) -> Run:
+RunT = TypeVar("RunT", bound=Run)
+
+
+def play(data: Any, run: RunT, *, steps: int) -> RunT:
     draw = data.draw
     for item in prelude(draw, run):
         run.send(item)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from reconciler.core.expiry import ExpiryIndex, epoch_second
 from reconciler.core.fold import fold
 from reconciler.core.inputs import Message
-from reconciler.core.model import LeaseState
+from reconciler.core.model import JobId, LeaseState
 from reconciler.core.state import Effects, State
 from reconciler.store.digest import state_digest
 from tests.core.test_fold_properties import Run, budget, derived, out_tuples, over, play
@@ -217,7 +217,7 @@ def test_an_active_lease_and_its_decision_lease_stay() -> None:
     assert "r1" not in run.state.decisions  # the decision went ...
     lease = run.state.lease_of_instance("i1")
     assert lease is not None and lease.active  # ... the lease it names did not
-    assert run.state.jobs["j1"] == lease.lease_id
+    assert run.state.jobs[JobId("j1")] == lease.lease_id
 
 
 def test_evicting_a_released_lease_drops_its_job_binding() -> None:

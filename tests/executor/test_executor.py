@@ -330,6 +330,7 @@ async def test_redelivery_after_a_crash_between_incus_and_ack(
         await until(lambda: restarted.executor.held() == 0)
         info = await settled(bus, CPU)
         stats = restarted.executor.stats
+    assert info.ack_floor is not None and info.delivered is not None
     assert info.ack_floor.stream_seq == info.delivered.stream_seq
     assert record.outcome == "created"
     if after_write:
@@ -412,6 +413,7 @@ async def test_a_definite_refusal_is_terminated(
         if why == "doesn't exist":  # once is enough
             await anyio.sleep(0.8)  # past ack_wait: a terminated message is never redelivered
             later = await consumer_info(bus, CPU)
+            assert later.delivered is not None and info.delivered is not None
             assert later.delivered.consumer_seq == info.delivered.consumer_seq == 1
         assert running.executor.stats["retry"] == 0
     assert (record.outcome, record.attempts) == ("rejected", 1)
@@ -457,6 +459,7 @@ async def test_bad_commands_are_refused_without_touching_incus(
             assert await running.executor.store.finished(command_id) is None
         await anyio.sleep(0.8)  # past ack_wait: terminated, never redelivered
         later = await consumer_info(bus, CPU)
+        assert later.delivered is not None and info.delivered is not None
         assert later.delivered.consumer_seq == info.delivered.consumer_seq == 7
     assert {name for (_, _, name, _) in log.actions} == {"w-12"}
     assert list(fleet.host(OTHER).instances) == []
@@ -602,9 +605,9 @@ async def test_soak_flaky_hosts_a_killed_executor_and_a_nats_restart(
     flaky = dataclasses.replace(FAST, action_delay_s=0.01, seed=7)
     async with make_fleet(socket_dir, options=flaky) as fleet:
         log = ActionLog(fleet)
-        for host in fleet.hosts.values():
-            host.set_failure_rate("create", 0.2)
-            host.set_failure_rate("start", 0.1)
+        for sim_host in fleet.hosts.values():
+            sim_host.set_failure_rate("create", 0.2)
+            sim_host.set_failure_rate("start", 0.1)
         config = fast_config(bus_url(bus), db, endpoints_of(fleet), max_attempts=50, workers=8)
         hosts = sorted(fleet.hosts)
         names = [(hosts[i % len(hosts)], f"s-{i}", f"S{i}") for i in range(120)]

@@ -10,6 +10,7 @@ which the executor must treat as permanent (``test_executor_real_incus.py`` in
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -39,9 +40,7 @@ async def host(real_incus: RealIncus) -> AsyncIterator[IncusHost]:
         await adapter.aclose()
 
 
-def container(
-    name: str, *, lease: str = "L1", image: str = "busybox", **kw: object
-) -> InstanceSpec:
+def container(name: str, *, lease: str = "L1", image: str = "busybox", **kw: Any) -> InstanceSpec:
     return InstanceSpec.for_lease(
         name=name,
         image=image,

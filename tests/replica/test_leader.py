@@ -53,9 +53,9 @@ async def test_one_of_two_campaigners_leads_and_a_resignation_hands_over(nc: Cli
         outer.start_soon(b_.run, work)
         await anyio.sleep(1.0)
         assert working == ["a"] and a.leading is not None and b_.leading is None
-        value = orjson.loads(
-            (await (await js.key_value(NAMES.leader_bucket)).get(LEADER_KEY)).value
-        )
+        entry = await (await js.key_value(NAMES.leader_bucket)).get(LEADER_KEY)
+        assert entry.value is not None
+        value = orjson.loads(entry.value)
         assert value["holder"] == "a"
         scope_a.cancel()  # a graceful stop resigns: b takes over well before the TTL
         with anyio.fail_after(1.5):
@@ -143,7 +143,7 @@ async def test_a_follower_takes_over_when_the_leader_stops(
     async with await Store.open(tmp_path / "b.db") as store:
         assert (await store.outbox_snapshot()).rows == []
     ids = [m.msg_id for m in await bus.outputs("rc.out.decision.>")]
-    assert sorted(ids) == ["decision:r1:final", "decision:r2:final"]
+    assert sorted(ids, key=str) == ["decision:r1:final", "decision:r2:final"]
 
 
 async def test_a_leader_cut_off_from_nats_steps_down_before_its_key_expires(

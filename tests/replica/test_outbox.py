@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 from nats.aio.client import Client
@@ -34,7 +35,7 @@ def committed(seq: int, *outputs: Output) -> Commit:
 
 @asynccontextmanager
 async def publishing(
-    nc: Client, tmp_path: Path, **options: float
+    nc: Client, tmp_path: Path, **options: Any
 ) -> AsyncIterator[tuple[OutboxPublisher, Leadership]]:
     bus = BusClient(nc)
     await bus.ensure_streams()

@@ -15,6 +15,7 @@ from nats.aio.client import Client
 from reconciler.bus.codec import Decoder
 from reconciler.bus.consumer import InputConsumer
 from reconciler.bus.schemas import load
+from reconciler.core.model import PoolName
 from reconciler.core.state import State
 from reconciler.replica.caches import Caches
 from reconciler.replica.replay import replay_into
@@ -164,7 +165,8 @@ async def test_preemption_hand_off_over_the_bus(nc: Client, nats_url: str, tmp_p
         await bus.send(b.admit("cold", "web", "cold-1", preemptible=True), msg_ids=False)
         await bus.send(b.lifecycle("h1", "instance-deleted", victim))
         await anyio.sleep(0.2)
-        assert (await bus.last_output("rc.out.decision.cold")).json()["phase"] == "pending"  # type: ignore[union-attr]
+        cold = await bus.last_output("rc.out.decision.cold")
+        assert cold is not None and cold.json()["phase"] == "pending"
         survivor = "warm-2" if victim == "warm-1" else "warm-1"
         await bus.send(b.inventory("h1", [b.instance(survivor, cpu=4, memory_mib=8192)]))
         final = await bus.decision("cold")
@@ -432,7 +434,7 @@ async def test_the_leader_tops_warm_pools_up_through_the_fold(
         assert (await bus.decision("k1"))["lease"]["instance"] == "web-w2-0"
         await bus.wait_outputs("rc.out.exec.h1.create", 3)
         assert replica.caches is not None
-        assert replica.caches.state.pool_warm_unclaimed["web"] == 2
+        assert replica.caches.state.pool_warm_unclaimed[PoolName("web")] == 2
 
 
 async def test_a_rejected_top_up_backs_off(nc: Client, nats_url: str, tmp_path: Path) -> None:

@@ -553,7 +553,7 @@ async def write_v1_database(db: Path, state: State, fx: Effects, applied_seq: in
                 if f", {column})" in statement:
                     statement = statement.replace(f", {column})", ")").replace(", ?)", ")")
                     statement = statement.replace(f", {column} = excluded.{column}", "")
-                    params = [row[:-1] for row in params]
+                    params = tuple(row[:-1] for row in params)
             await conn.executemany(statement, params)
         await conn.executemany(  # version 1 kept one outbox row per output
             "INSERT INTO outbox (input_seq, subject, msg_id, payload) VALUES (?, ?, ?, ?)",

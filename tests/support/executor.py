@@ -212,7 +212,10 @@ async def until(
 
 
 async def consumer_info(nc: Client, host: str) -> api.ConsumerInfo:
-    return await nc.jetstream().consumer_info(NAMES.out_stream, consumer_name(host))
+    info: api.ConsumerInfo = await nc.jetstream().consumer_info(
+        NAMES.out_stream, consumer_name(host)
+    )
+    return info
 
 
 async def settled(nc: Client, host: str, *, within_s: float = 10.0) -> api.ConsumerInfo:

@@ -293,7 +293,7 @@ async def test_tls_and_credentials_fail_at_once_with_a_clear_error(
     cluster: Deployment, strangers: Path, case: str, expected: str | None
 ) -> None:
     port = cluster.nodes["nats-1"].client_port
-    changes: dict[str, Any] = {
+    cases: dict[str, dict[str, Any]] = {
         "good": {},
         "wrong CA": {"tls_ca_file": str(strangers / "ca.pem")},
         "wrong host name": {"urls": (f"tls://127.0.0.2:{port}",)},
@@ -303,8 +303,8 @@ async def test_tls_and_credentials_fail_at_once_with_a_clear_error(
             "tls_key_file": str(strangers / "producer-key.pem"),
         },
         "wrong NKey": {"nkey_seed_file": str(strangers / "producer.nk")},
-    }[case]
-    opts: ConnectOptions = dataclasses.replace(cluster.options("producer"), **changes)
+    }
+    opts: ConnectOptions = dataclasses.replace(cluster.options("producer"), **cases[case])
     started = time.monotonic()
     if expected is None:
         nc = await connect(opts)

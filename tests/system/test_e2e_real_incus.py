@@ -27,6 +27,7 @@ from nats.aio.client import Client
 
 from reconciler.bridge.bridge import Bridge, HostBridge, settings_from_json
 from reconciler.bus.connection import ConnectOptions
+from reconciler.core.model import PoolName
 from reconciler.executor.executor import Executor, ExecutorConfig
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.replica.runtime import Replica
@@ -148,7 +149,7 @@ def _has_host(replica: Replica) -> bool:
 
 def ready_warm(replica: Replica) -> int:
     assert replica.caches is not None
-    return len(replica.caches.state.pool_ready.get(POOL, ()))  # type: ignore[call-overload]
+    return len(replica.caches.state.pool_ready.get(PoolName(POOL), ()))
 
 
 async def until(what: str, check: Any, within_s: float = 40) -> None:

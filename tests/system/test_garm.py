@@ -19,6 +19,7 @@ import orjson
 import pytest
 from nats.aio.client import Client
 
+from reconciler.core.model import PoolName
 from reconciler.incus.simulator import Fleet
 from reconciler.replica.runtime import Replica
 from tests.support import builders as b
@@ -75,7 +76,7 @@ def instances(fleet: Fleet) -> dict[str, Any]:
 
 def ready(w: World, pool: str) -> int:
     assert w.replica.caches is not None
-    return len(w.replica.caches.state.pool_ready.get(pool, ()))  # type: ignore[call-overload]
+    return len(w.replica.caches.state.pool_ready.get(PoolName(pool), ()))
 
 
 async def leases(bus: BusClient, pool: str | None = None) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ import orjson
 import pytest
 from nats.aio.client import Client
 
-from reconciler.core.model import Resources
+from reconciler.core.model import PoolName, Resources
 from reconciler.garm.bootstrap import LOG_PATH, Injection
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.errors import InstanceNotFound
@@ -79,7 +79,9 @@ async def one_warm(real_incus: RealIncus, replica: Replica) -> str:
     """The name of the warm pool's one container, once it is ready."""
     assert replica.caches is not None
     state = replica.caches.state
-    await until("a warm container is ready", lambda: bool(state.pool_ready.get("real-warm")), 60)  # type: ignore[call-overload]
+    await until(
+        "a warm container is ready", lambda: bool(state.pool_ready.get(PoolName("real-warm"))), 60
+    )
     (warm,) = names(real_incus)
     return warm
 
@@ -95,7 +97,9 @@ async def test_a_warm_claim_runs_the_bootstrap_in_the_container(
         assert created.code == 0, created.text
         assert created.json()["provider_id"] == warm
         assert created.json()["name"] == "garm-real-warm-1"
-        config = real_incus.query(f"/1.0/instances/{warm}")["config"]  # type: ignore[index]
+        instance = real_incus.query(f"/1.0/instances/{warm}")
+        assert isinstance(instance, dict)
+        config = instance["config"]
         assert config["user.runner-controller-id"] == CONTROLLER
         assert config["user.runner-pool-id"] == GARM_POOL
         assert config["user.runner-name"] == "garm-real-warm-1"

@@ -15,6 +15,7 @@ from nats.aio.client import Client
 from reconciler.cli.audit import audit_lines
 from reconciler.core.fold import fold
 from reconciler.core.inputs import Message
+from reconciler.core.model import InstanceName
 from reconciler.core.state import Effects, State, is_reserved_cold
 from reconciler.replica.retention import abandon_request_id
 from reconciler.store.digest import state_digest
@@ -167,7 +168,7 @@ async def test_a_cold_reservation_never_created_is_released_by_the_leader(
         created = state.lease_of_instance("vm-2")
         assert created is not None and created.state.value == "created"  # not reaped
         reserved = {i for i, le in state.leases.items() if is_reserved_cold(le)}
-        assert reserved == {state.by_instance["vm-3"]}
+        assert reserved == {state.by_instance[InstanceName("vm-3")]}
 
 
 def test_run_and_replay_take_the_retention_options() -> None:

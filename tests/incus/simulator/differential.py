@@ -423,7 +423,8 @@ async def _adapter_steps(socket: Path, watcher: _Watcher, seen: int) -> dict[str
         out["adapter-list"]["names"] = sorted(v.name for v in views or [])
     finally:
         await host.aclose()
-    return mask(out)
+    masked: dict[str, Any] = mask(out)
+    return masked
 
 
 def _lifecycle_record(event: dict[str, Any]) -> dict[str, Any]:

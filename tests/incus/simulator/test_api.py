@@ -29,7 +29,8 @@ async def call(
 async def wait(http: aiohttp.ClientSession, answer: dict[str, Any]) -> dict[str, Any]:
     status, body, _ = await call(http, "GET", f"{answer['operation']}/wait", timeout=5)
     assert status == 200 and body["type"] == "sync"
-    return body["metadata"]
+    metadata: dict[str, Any] = body["metadata"]
+    return metadata
 
 
 async def create(
@@ -254,7 +255,7 @@ async def test_create_refusals(http: aiohttp.ClientSession) -> None:
 
 async def test_state_transitions_and_their_errors(http: aiohttp.ClientSession) -> None:
     await create(http, "t1")
-    steps = [
+    steps: list[tuple[str, dict[str, Any], str, str]] = [
         ("start", {}, "Success", ""),
         ("start", {}, "Failure", "The instance is already running"),
         ("freeze", {}, "Success", ""),

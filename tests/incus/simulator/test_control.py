@@ -40,7 +40,7 @@ def spec(name: str) -> InstanceSpec:
 
 
 async def actions(events: LifecycleStream, count: int, timeout_s: float = 2.0) -> list[str]:
-    found = []
+    found: list[str] = []
     with anyio.fail_after(timeout_s):
         while len(found) < count:
             found.append(str((await events.__anext__())["metadata"]["action"]))

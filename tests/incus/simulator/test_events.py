@@ -24,7 +24,7 @@ IMAGE = {"type": "image", "alias": "debian/13"}
 async def frames(
     ws: aiohttp.ClientWebSocketResponse, count: int, timeout_s: float = 2.0
 ) -> list[Any]:
-    got = []
+    got: list[Any] = []
     with anyio.fail_after(timeout_s):
         while len(got) < count:
             message = await ws.receive()

@@ -209,7 +209,7 @@ async def test_missing_image_type_mismatch_and_no_vms_fail_in_the_operation(
     http: aiohttp.ClientSession, fleet: Fleet, incus_version: str
 ) -> None:
     refusing_host(fleet)
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         (
             {"source": {"type": "image", "alias": "nosuch"}},
             "Image not provided for instance creation",
