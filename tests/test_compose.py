@@ -1,7 +1,7 @@
 """compose/'s Prometheus alert rules and Grafana dashboard: they parse, and name the
 replicas' counters with their ``_total`` suffix. That every metric they name is exported
 by a running replica, bridge or executor, and promtool's checks, are in
-tests/test_alert_rules.py."""
+tests/test_compose_alert_rules.py."""
 
 from __future__ import annotations
 

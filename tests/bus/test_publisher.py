@@ -12,7 +12,6 @@ from reconciler.core.state import Output
 
 pytestmark = pytest.mark.timeout(30)
 
-
 NAMES = StreamNames.for_prefix("rc")
 
 

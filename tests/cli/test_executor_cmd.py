@@ -34,8 +34,7 @@ from tests.support.executor import (
 
 pytestmark = pytest.mark.timeout(60)
 
-
-CPU, OTHER, GPU = "host-01", "host-02", "host-04"
+CPU = "host-01"
 
 
 def test_endpoints_from_fleet_file_and_flags(tmp_path: Path) -> None:

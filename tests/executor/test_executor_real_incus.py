@@ -26,7 +26,6 @@ from tests.support.realincus import RealIncus
 
 pytestmark = [pytest.mark.real_incus, pytest.mark.timeout(60)]
 
-
 HOST = "real-01"
 
 

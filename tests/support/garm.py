@@ -29,6 +29,27 @@ CONTROLLER = "5d1f8c2e-3b7a-4c1e-9a0d-6f2b8e4c7a91"
 GARM_POOL = "0b9e1f4a-7c2d-4e8b-a1f3-2d5c6e7f8a90"
 MARKER = "/tmp/garm-bootstrap-ran"
 
+#: the fields of garm-provider-common's ``InstallRunnerParams``, in Go's order: the
+#: context GARM renders a runner install template with
+INSTALL_RUNNER_PARAMS = [
+    "FileName",
+    "DownloadURL",
+    "RunnerUsername",
+    "RunnerGroup",
+    "RepoURL",
+    "MetadataURL",
+    "RunnerName",
+    "RunnerLabels",
+    "CallbackURL",
+    "CallbackToken",
+    "TempDownloadToken",
+    "CABundle",
+    "GitHubRunnerGroup",
+    "EnableBootDebug",
+    "ExtraContext",
+    "UseJITConfig",
+]
+
 
 def executable() -> list[str]:
     """The console script GARM names as ``provider_executable``."""

@@ -3,7 +3,7 @@ image, tests/support/realincus.py), with ``reconciler run``, the bridge and the 
 real nats-server: the bootstrap really lands and runs in a claimed warm container, and
 a cold runner is really created and deleted; a pool's install template and pre-install
 scripts really run in a warm and a cold runner (cloud-init's part played from the host,
-tests/cloud_init_standin.py: the image has no cloud-init); a runner whose create GARM
+tests/support/cloud_init_standin.py: the image has no cloud-init); a runner whose create GARM
 killed while Incus was still creating it is deleted on the first try.
 
 The tests print what the issue asked to see (run with ``-s``)."""
@@ -28,8 +28,8 @@ from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.errors import InstanceNotFound
 from reconciler.incus.views import InstanceSpec
 from reconciler.replica.runtime import Replica
-from tests import cloud_init_standin
 from tests.support import builders as b
+from tests.support import cloud_init_standin
 from tests.support.bus import BusClient
 from tests.support.garm import (
     CONTROLLER,

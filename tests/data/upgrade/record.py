@@ -1,4 +1,4 @@
-"""Record the streams of a previous release, for tests/test_upgrade_replay.py.
+"""Record the streams of a previous release, for tests/system/test_upgrade_replay.py.
 
 Run it with the *previous* release's code first on the path (see README.md here)::
 

@@ -1,5 +1,5 @@
-"""Runner install templates: the Go ``text/template`` subset (:mod:`reconciler.garm.gotemplate`)
-and the install script rendered with GARM's template context (:mod:`reconciler.garm.install`).
+"""Runner install templates: the Go ``text/template`` subset (:mod:`reconciler.garm.gotemplate`).
+The install script rendered with GARM's template context is in ``test_install.py``.
 
 The expected outputs of ``GO_RENDERED`` were produced by Go's own ``text/template``
 (Go 1.27, ``template.New("").Parse(tpl).Execute`` with garm-provider-common's
@@ -8,41 +8,18 @@ itself needs no Go."""
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
-import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.garm.errors import ProviderError
 from reconciler.garm.gotemplate import Struct, TemplateError, parse
-from reconciler.garm.install import install_context, install_script
-from reconciler.garm.protocol import parse_bootstrap
-from tests.support.garm import CA_PEM, TOKEN, bootstrap
+from tests.support.garm import INSTALL_RUNNER_PARAMS
 
 pytestmark = pytest.mark.timeout(60)
 
-_FIELDS = [
-    "FileName",
-    "DownloadURL",
-    "RunnerUsername",
-    "RunnerGroup",
-    "RepoURL",
-    "MetadataURL",
-    "RunnerName",
-    "RunnerLabels",
-    "CallbackURL",
-    "CallbackToken",
-    "TempDownloadToken",
-    "CABundle",
-    "GitHubRunnerGroup",
-    "EnableBootDebug",
-    "ExtraContext",
-    "UseJITConfig",
-]
-CONTEXT: dict[str, Any] = {name: "" for name in _FIELDS} | {
+CONTEXT: dict[str, Any] = {name: "" for name in INSTALL_RUNNER_PARAMS} | {
     "RunnerName": "garm-r1",
     "RepoURL": "https://github.com/o/r",
     "RunnerUsername": "runner",
@@ -232,108 +209,3 @@ def test_errors_never_quote_the_template_or_a_value() -> None:
     # names are shown (a function or field the template asks for), cut short
     with pytest.raises(TemplateError, match=r"function 'a{40}…' is not defined"):
         render("{{ " + "a" * 60 + " }}")
-
-
-# ------------------------------------------------------------------ the install script
-
-
-def with_specs(name: str = "garm-t-1", **changes: Any) -> Any:
-    body = bootstrap(name, "small")
-    specs = body["extra_specs"] | changes.pop("extra_specs", {})
-    body.update(changes, extra_specs=specs)
-    return parse_bootstrap(orjson.dumps(body))
-
-
-def b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
-def test_the_template_context_is_garms_install_runner_params() -> None:
-    b = with_specs(
-        labels=["self-hosted", "gpu"],
-        extra_specs={"extra_context": {"marker": "blue"}, "enable_boot_debug": True},
-        **{"github-runner-group": "team-a"},
-    )
-    context = install_context(b)
-    assert list(context.fields) == _FIELDS
-    fields = context.fields
-    assert (
-        fields["RunnerName"] == "garm-t-1" and fields["RepoURL"] == "https://github.com/octo/repo"
-    )
-    assert fields["MetadataURL"].endswith("/metadata") and fields["CallbackURL"].endswith(
-        "/callbacks"
-    )
-    assert fields["CallbackToken"] == TOKEN and fields["CABundle"] == CA_PEM.decode()
-    assert fields["RunnerLabels"] == "self-hosted,gpu" and fields["GitHubRunnerGroup"] == "team-a"
-    assert fields["RunnerUsername"] == fields["RunnerGroup"] == "runner"
-    assert fields["FileName"] == "actions-runner-linux-x64-2.321.0.tar.gz"
-    assert fields["DownloadURL"].endswith("runner.tar.gz")
-    assert fields["ExtraContext"] == {"marker": "blue"}
-    assert fields["EnableBootDebug"] is True and fields["UseJITConfig"] is True
-
-
-def test_a_pools_template_is_rendered_with_the_runners_values() -> None:
-    template = (
-        "#!/bin/sh\n"
-        "# {{ .RunnerName }} for {{ .RepoURL }}\n"
-        "{{- if .UseJITConfig }}\n"
-        "echo jit\n"
-        "{{- end }}\n"
-        'echo "marker={{ index .ExtraContext "marker" }} {{ .ExtraContext.marker }}"\n'
-        "curl -H 'Authorization: Bearer {{ .CallbackToken }}' {{ .MetadataURL }}/x\n"
-    )
-    b = with_specs(
-        extra_specs={"runner_install_template": b64(template), "extra_context": {"marker": "m"}}
-    )
-    assert install_script(b).decode() == (
-        "#!/bin/sh\n"
-        "# garm-t-1 for https://github.com/octo/repo\n"
-        "echo jit\n"
-        'echo "marker=m m"\n'
-        f"curl -H 'Authorization: Bearer {TOKEN}' https://garm.example:9997/api/v1/metadata/x\n"
-    )
-
-
-def test_garms_rendered_wrapper_passes_byte_for_byte() -> None:
-    # the shape of GARM's linux wrapper once GARM rendered it: bash, no template action
-    wrapper = (
-        "#!/bin/bash\n\nset -ex\nset -o pipefail\n\n"
-        'CALLBACK_URL="https://garm.example:9997/api/v1/callbacks"\n'
-        f'BEARER_TOKEN="{TOKEN}"\n'
-        "export HTTP_PROXY='http://proxy:3128'\n\n"
-        'function call() {\n\tPAYLOAD="$1"\n'
-        '\t[[ $CALLBACK_URL =~ ^(.*)/status(/)?$ ]] || CALLBACK_URL="${CALLBACK_URL}/status"\n'
-        "}\n"
-        'HTTP_CODE=$(curl -s -w "%{http_code}" -o /tmp/real-install.sh "$METADATA_URL/" '
-        '|| echo "000")\n'
-        "chmod +x /tmp/real-install.sh\n"
-    ).encode() + b"\xff\xfe binary tail\n"
-    b = with_specs(extra_specs={"runner_install_template": base64.b64encode(wrapper).decode()})
-    assert install_script(b) == wrapper
-
-
-def test_a_template_that_cannot_render_fails_without_the_token() -> None:
-    bad = "#!/bin/sh\nTOKEN={{ .CallbackToken }}\n{{ .CallbackToken | frobnicate }}\n"
-    b = with_specs(extra_specs={"runner_install_template": b64(bad)})
-    with pytest.raises(ProviderError) as caught:
-        install_script(b)
-    assert caught.value.message == (
-        "extra_specs.runner_install_template: line 3: function 'frobnicate' is not defined"
-    )
-    b = with_specs(extra_specs={"runner_install_template": b64("{{ .CallbackToken.x }}")})
-    with pytest.raises(ProviderError) as caught:
-        install_script(b)
-    assert TOKEN not in caught.value.message
-
-
-def test_without_tools_the_tool_fields_are_a_clear_error() -> None:
-    template = b64("{{ .RunnerName }} {{ .DownloadURL }}")
-    b = with_specs(tools=[], extra_specs={"runner_install_template": template})
-    with pytest.raises(ProviderError, match=r"can't evaluate field DownloadURL .*no tools"):
-        install_script(b)
-    assert (
-        install_script(
-            with_specs(tools=[], extra_specs={"runner_install_template": b64("{{ .RunnerName }}")})
-        )
-        == b"garm-t-1"
-    )

@@ -9,7 +9,8 @@ A store, because JetStream stamps every message when it stores it and the fold d
 on those stamps: only the store keeps them. ``streams.jsonl`` is the same, readable.
 Each test starts a nats-server of its own on a fresh copy of the store, changes the copy
 where it says so (an output deleted and published again, changed), and runs the real
-``reconciler replay`` against it.
+``reconciler replay`` against it. The registry of additions itself is tested in
+``tests/core/test_compat.py``.
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ import nats
 import orjson
 import pytest
 
-from reconciler.core.compat import ADDITIONS, Addition, judge
 from tests.support.natsserver import NatsProcess, find_binary
+from tests.support.repo import ROOT
 
 pytestmark = pytest.mark.timeout(120)
 
-FIXTURE = Path(__file__).resolve().parent / "data" / "upgrade"
-SCHEMAS = Path(__file__).resolve().parents[1] / "schemas" / "out"
+FIXTURE = ROOT / "tests" / "data" / "upgrade"
+SCHEMAS = ROOT / "schemas" / "out"
 INSTANCE_TYPE = "out.exec.*.create instance_type"
 
 Row = dict[str, Any]
@@ -263,95 +264,3 @@ def test_outputs_an_older_release_wrote_without_a_later_addition_are_equal(
     assert report["details"] == []
     assert (status, report["ok"]) == (0, True)
     assert report["older"] == {INSTANCE_TYPE: len(changed)}
-
-
-# ------------------------------------------------------------------ the registry
-
-
-def test_the_additions_are_registered_oldest_release_first() -> None:
-    releases = [tuple(int(p) for p in a.since.split(".")) for a in ADDITIONS]
-    assert releases == sorted(releases)
-    assert len({a.name for a in ADDITIONS}) == len(ADDITIONS)
-    assert all(a.why for a in ADDITIONS)
-
-
-def test_every_addition_is_optional_in_its_output_s_schema() -> None:
-    """Consumers read an added field when it is there and the older meaning when not."""
-    for addition in ADDITIONS:
-        kind = ".".join(t for t in addition.output.split(".") if t not in ("out", "*"))
-        schema = json.loads((SCHEMAS / f"{kind}.json").read_text())
-        node = schema
-        for step in addition.path[:-1]:
-            node = _resolved(schema, node["items"] if step == "[]" else node["properties"][step])
-        leaf = addition.path[-1]
-        assert leaf in node["properties"], addition
-        assert leaf not in node.get("required", []), addition
-
-
-def _resolved(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
-    while "$ref" in node:
-        target: Any = schema
-        for part in node["$ref"].removeprefix("#/").split("/"):
-            target = target[part]
-        node = target
-    return node
-
-
-CREATE = b'{"command_id":"create:L1","instance_type":"virtual-machine","v":1}'
-LATER = (
-    Addition(since="9.1.0", output="out.decision.*", path=("lease", "zone")),
-    Addition(since="9.2.0", output="out.decision.*", path=("victims", "[]", "tenant")),
-    Addition(since="9.2.0", output="out.decision.*", path=("queued",), when=False),
-)
-DECISION = {
-    "lease": {"host": "h1", "zone": "a"},
-    "queued": False,
-    "victims": [{"instance": "w1", "tenant": "t1"}, {"instance": "w2"}],
-}
-
-
-def _bytes(body: dict[str, Any]) -> bytes:
-    return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
-
-
-def test_judge_takes_out_later_additions_newest_release_first() -> None:
-    subject = "out.decision.r1"
-    produced = _bytes(DECISION)
-    assert judge(subject, produced, produced, additions=LATER) == ()
-    # as 9.1 wrote it: no tenant, no queued
-    v91 = {
-        "lease": {"host": "h1", "zone": "a"},
-        "victims": [{"instance": "w1"}, {"instance": "w2"}],
-    }
-    assert judge(subject, produced, _bytes(v91), additions=LATER) == LATER[1:]
-    # as 9.0 wrote it: no zone either
-    v90 = {**v91, "lease": {"host": "h1"}}
-    assert judge(subject, produced, _bytes(v90), additions=LATER) == (*LATER[1:], LATER[0])
-    # a 9.2 addition without the 9.1 one was written by no release
-    no_zone = {**DECISION, "lease": {"host": "h1"}}
-    assert judge(subject, produced, _bytes(no_zone), additions=LATER) is None
-    # a value changed, a key order changed, another subject: divergences
-    assert (
-        judge(
-            subject,
-            produced,
-            _bytes({**v91, "lease": {"host": "h2", "zone": "a"}}),
-            additions=LATER,
-        )
-        is None
-    )
-    assert judge(subject, produced, json.dumps(v91).encode(), additions=LATER) is None
-    assert judge("out.exec.h1.create", produced, _bytes(v91), additions=LATER) is None
-
-
-def test_judge_takes_out_a_when_field_only_with_its_implicit_value() -> None:
-    subject = "out.exec.h1.create"
-    assert judge(subject, CREATE, b'{"command_id":"create:L1","v":1}') == ADDITIONS
-    container = CREATE.replace(b"virtual-machine", b"container")
-    # older releases wrote "container" themselves: its absence is a divergence
-    assert judge(subject, container, b'{"command_id":"create:L1","v":1}') is None
-    # a queued: false is implicit before 9.2, a queued: true never is; 0 is not false
-    produced = _bytes({"queued": True, "v": 1})
-    assert judge("out.decision.r", produced, b'{"v":1}', additions=LATER) is None
-    produced = _bytes({"queued": 0, "v": 1})
-    assert judge("out.decision.r", produced, b'{"v":1}', additions=LATER) is None

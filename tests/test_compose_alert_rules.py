@@ -36,10 +36,10 @@ from reconciler.bus.streams import StreamNames, ensure_streams
 from reconciler.executor.executor import Executor, ExecutorConfig
 from reconciler.incus.client import IncusHost
 from reconciler.replica.runtime import Replica, RunConfig
+from tests.support.repo import ROOT
 from tests.support.simfleet import endpoints as fleet_endpoints
 from tests.support.simfleet import sim_fleet
 
-ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS = ROOT / "compose" / "prometheus"
 ALERTS = PROMETHEUS / "alerts.yml"
 DASHBOARDS = ROOT / "compose" / "grafana" / "dashboards"
