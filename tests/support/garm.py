@@ -5,6 +5,7 @@ BootstrapInstance on stdin with its own key spellings."""
 from __future__ import annotations
 
 import base64
+import os
 import signal
 import sys
 import time
@@ -49,6 +50,15 @@ INSTALL_RUNNER_PARAMS = [
     "ExtraContext",
     "UseJITConfig",
 ]
+
+
+def measured(env: dict[str, str]) -> dict[str, str]:
+    """``env``, and the variable that has coverage measure the process when the suite runs
+    under coverage (``[tool.coverage.run] patch = subprocess``): the provider reads its
+    ``GARM_*`` variables only, and with nothing else (no PATH, no HOME) it would not
+    be counted."""
+    coverage = os.environ.get("COVERAGE_PROCESS_CONFIG")
+    return env if coverage is None else {**env, "COVERAGE_PROCESS_CONFIG": coverage}
 
 
 def executable() -> list[str]:
@@ -233,7 +243,7 @@ class Garm:
 
     async def run(self, env: dict[str, str], stdin: bytes = b"") -> Call:
         started = time.monotonic()
-        done = await anyio.run_process(executable(), input=stdin, env=env, check=False)
+        done = await anyio.run_process(executable(), input=stdin, env=measured(env), check=False)
         return Call(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
 
     async def create_killed(
@@ -243,7 +253,7 @@ class Garm:
         killed, its call when it finished first."""
         env = self.create_env(body)
         started = time.monotonic()
-        process = await anyio.open_process(executable(), env=env)
+        process = await anyio.open_process(executable(), env=measured(env))
         assert process.stdin is not None
         await process.stdin.send(orjson.dumps(body))
         await process.stdin.aclose()
