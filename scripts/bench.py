@@ -129,7 +129,7 @@ from reconciler.core.fold import fold  # noqa: E402
 from reconciler.core.inputs import Message  # noqa: E402
 from reconciler.core.model import JobId, LeaseState, PoolName  # noqa: E402
 from reconciler.core.state import State  # noqa: E402
-from tests import builders as b  # noqa: E402
+from tests.support import builders as b  # noqa: E402
 
 PHASES = ("throughput", "latency", "rss", "fleet", "snapshot", "soak")
 NATS_BINARIES = ("/usr/sbin/nats-server", "/usr/local/bin/nats-server")

@@ -15,8 +15,8 @@ import pytest
 import structlog
 from nats.aio.client import Client
 
-from tests import realincus
-from tests.natsserver import NatsServer, start_nats_server
+from tests.support import realincus
+from tests.support.natsserver import NatsServer, start_nats_server
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def _logging_restored() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def real_incus_daemon() -> Iterator[realincus.RealIncus]:
-    """One private Incus 6.0 daemon for the session (see :mod:`tests.realincus`)."""
+    """One private Incus 6.0 daemon for the session (see :mod:`tests.support.realincus`)."""
     reason = realincus.unavailable()
     if reason is not None:
         if realincus.required():

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 
 from reconciler.bus.asyncapi import asyncapi_document, render
 from reconciler.cli.main import cli
+from tests.support.repo import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 ASYNCAPI_SCHEMA = ROOT / "tests" / "data" / "asyncapi-3.0.0.schema.json"
 REGENERATE = "python -m reconciler.bus.asyncapi > docs/asyncapi.json"
 

@@ -3,7 +3,7 @@
 Every schema carries ``examples`` (valid) and ``x-invalid-examples`` (``{payload, why}``);
 both are run here. Input schemas are also checked against ``reconciler.core.inputs``: a
 payload the schema accepts must build (so every field the builder requires is required by
-the schema), and the payloads of ``tests/builders.py`` and the outputs the fold publishes
+the schema), and the payloads of ``tests/support/builders.py`` and the outputs the fold publishes
 in a small scenario must validate against their schemas.
 """
 
@@ -20,9 +20,10 @@ import orjson
 import pytest
 
 from reconciler.bus.schemas import BASE_URI, SchemaLoadError, input_schema_path, load, schemas_dir
-from reconciler.core.inputs import KINDS, DomainError, from_payload
+from reconciler.core.inputs import KINDS, DomainError, PoolConfig, from_payload
 from reconciler.core.state import Effects
-from tests import builders as b
+from tests.support import builders as b
+from tests.support.repo import ROOT as REPO
 
 ROOT = schemas_dir()
 SCHEMAS = load()
@@ -64,7 +65,7 @@ def _id(case: tuple[str, int, Any]) -> str:
 
 
 def test_the_schema_directory_is_the_repositorys() -> None:
-    assert Path(__file__).resolve().parents[1] / "schemas" == ROOT
+    assert REPO / "schemas" == ROOT
 
 
 def test_every_message_of_the_contract_has_a_schema() -> None:
@@ -366,10 +367,11 @@ def test_optional_pool_fields_get_the_builders_defaults() -> None:
         },
     )
     props = pool["properties"]
-    assert built.placement == props["placement"]["default"]  # type: ignore[union-attr]
-    assert built.project == props["project"]["default"]  # type: ignore[union-attr]
-    assert built.image == props["image"]["default"]  # type: ignore[union-attr]
-    assert built.priority == props["priority"]["default"]  # type: ignore[union-attr]
+    assert isinstance(built, PoolConfig)
+    assert built.placement == props["placement"]["default"]
+    assert built.project == props["project"]["default"]
+    assert built.image == props["image"]["default"]
+    assert built.priority == props["priority"]["default"]
 
 
 class _Checked(b.Fleet):

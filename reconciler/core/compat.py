@@ -27,7 +27,7 @@ Rules (docs/operations.md, "Upgrade", states the compatibility rule):
 
 **Registering an addition** (docs/development.md): append an :class:`Addition` to
 :data:`ADDITIONS` in the same change that makes the fold write the field, with ``since``
-the release it will ship in, and say so in CHANGELOG.md. ``tests/test_upgrade_replay.py``
+the release it will ship in, and say so in CHANGELOG.md. ``tests/system/test_upgrade_replay.py``
 replays a stream the previous release recorded: an unregistered addition to any output
 it holds fails there as a mismatch.
 """

@@ -29,7 +29,7 @@ This module generates, once per class at import:
 Rules: only for frozen, slotted dataclasses whose fields are all ``init`` fields,
 positional (no ``kw_only``) and plain (no ``InitVar``), and that have no
 ``__post_init__``: then the generated ``__init__`` does exactly what the dataclass's does
-(checked at decoration, and by ``tests/test_core_frozen.py``). Instances stay frozen:
+(checked at decoration, and by ``tests/core/test_frozen.py``). Instances stay frozen:
 assignment still raises ``FrozenInstanceError``.
 """
 

@@ -9,7 +9,7 @@ instance, nested ones too, it asks a slotted instance for its ``__dict__`` (an
 field up by name. So for each dataclass it can, the codec generates once a function that
 turns an instance into the dict orjson would write it as (nested dataclasses, and tuples
 of them, turned too), and orjson dumps that dict, to the same bytes
-(``tests/test_store_codec.py`` compares the two on every class of the model): a lease's
+(``tests/store/test_codec.py`` compares the two on every class of the model): a lease's
 encode takes a third less time, a smaller entity's about half. Anything else (not a
 dataclass, or one whose instances have a ``__dict__``) is dumped as it is.
 

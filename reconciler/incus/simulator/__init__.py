@@ -16,7 +16,7 @@ Layers, each a module with its own rules:
 
 What the simulator is faithful to: for 7.x, ``FACTS.md`` and ``rest-api.yaml`` (the
 comparison tests hold it there); for 6.0 LTS, a real Incus 6.0 daemon, which
-``tests/incus/test_differential.py`` sends the same requests as the simulator
+``tests/incus/simulator/test_differential.py`` sends the same requests as the simulator
 (``docs/incus-simulator.md``). Where it simplifies, the module that does so says how.
 It imports nothing from the reconciler but :mod:`reconciler.incus.units`.
 """

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast, overload
 from urllib.parse import quote
 
 import orjson
@@ -283,6 +283,14 @@ class SimulatorThread:
     def host(self, name: str) -> SimHost:
         """The host object; call its controls through :meth:`call`, not directly."""
         return self.fleet.host(name)
+
+    # Two signatures, so that a type checker reads ``call(host.drop_event_streams)`` (a
+    # coroutine function) as the int it awaits, not as an awaitable of nothing.
+    @overload
+    def call(self, control: Callable[[], Awaitable[T]], *, timeout_s: float = ...) -> T: ...
+
+    @overload
+    def call(self, control: Callable[[], T], *, timeout_s: float = ...) -> T: ...
 
     def call(self, control: Callable[[], T | Awaitable[T]], *, timeout_s: float = 10.0) -> T:
         """Run ``control`` on the fleet's loop (awaiting it if it is a coroutine)."""

@@ -3,7 +3,7 @@
 Rules:
 
 - A :class:`IncusVersion` is parsed from ``6.0``, ``6.0.4``, ``7``, ``7.3``…; any 6.x is
-  played as the 6.0 LTS (what Debian ships and what ``tests/realincus.py`` runs), any 7.x
+  played as the 6.0 LTS (what Debian ships and what ``tests/support/realincus.py`` runs), any 7.x
   as 7.3 (what ``FACTS.md`` and ``rest-api.yaml`` were read from). Other majors are refused.
 - Every behaviour that differs between the two is one property here, named after what it
   decides, so the host, the renderer and the API ask a question rather than compare

@@ -1,4 +1,4 @@
-"""Record the streams of a previous release, for tests/test_upgrade_replay.py.
+"""Record the streams of a previous release, for tests/system/test_upgrade_replay.py.
 
 Run it with the *previous* release's code first on the path (see README.md here)::
 
@@ -192,9 +192,11 @@ async def _finish(url: str) -> dict[str, int]:
         report = await replay_into(nc, prefix=PREFIX)
         assert report.ok, report.divergences[:3]
         js = nc.jetstream()
-        for name in await js.streams_info():
-            if name.config.name not in STREAMS:
-                await js.delete_stream(name.config.name)
+        for info in await js.streams_info():
+            name = info.config.name
+            assert name is not None
+            if name not in STREAMS:
+                await js.delete_stream(name)
         counts = {}
         for stream in STREAMS:
             for consumer in await js.consumers_info(stream):

@@ -1,0 +1,103 @@
+"""The NATS connection (reconciler.bus.connection): URLs, options, logs, retries,
+reconnects, against the real nats-server of the ``nats_server`` fixture."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+from pathlib import Path
+
+import anyio
+import pytest
+from structlog.testing import capture_logs
+
+from reconciler.bus.connection import ConnectOptions, connect, parse_urls
+from tests.support.natsserver import NatsProcess, NatsServer, expect_reconnect, start_nats_server
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_parse_urls() -> None:
+    assert parse_urls("nats://a:4222") == ("nats://a:4222",)
+    assert parse_urls("nats://a:4222, nats://b:4222 nats://c:1") == (
+        "nats://a:4222",
+        "nats://b:4222",
+        "nats://c:1",
+    )
+    with pytest.raises(ValueError):
+        parse_urls(" , ")
+    assert ConnectOptions(urls="nats://a,nats://b").urls == ("nats://a", "nats://b")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        ConnectOptions(password="secret")
+
+
+async def test_connect_logs_and_reconnects_after_a_restart(nats_server: NatsServer) -> None:
+    opts = ConnectOptions.from_url(nats_server.url, name="test-conn", reconnect_wait_s=0.1)
+    with capture_logs() as logs:
+        client = await connect(opts)
+        try:
+            assert client.is_connected
+            async with expect_reconnect(client):
+                nats_server.restart()
+            await client.flush(timeout=2)
+        finally:
+            await client.close()
+    events = [e["event"] for e in logs]
+    assert events[0] == "nats.connected"
+    assert "nats.disconnected" in events
+    assert "nats.reconnected" in events
+    assert events[-1] == "nats.closed"
+
+
+async def test_connect_keeps_retrying_until_the_initial_timeout() -> None:
+    opts = ConnectOptions.from_url(
+        f"nats://127.0.0.1:{free_port()}",
+        reconnect_wait_s=0.05,
+        connect_timeout_s=0.2,
+        initial_timeout_s=0.5,
+    )
+    with capture_logs() as logs, anyio.fail_after(3), pytest.raises(TimeoutError):
+        await connect(opts)
+    assert sum(e["event"] == "nats.error" for e in logs) >= 2  # it did retry
+
+
+async def test_connect_waits_for_a_server_that_starts_later(tmp_path: Path) -> None:
+    if os.environ.get("RC_TEST_NATS_URL"):
+        pytest.skip("needs a server this test controls")
+    with start_nats_server(tmp_path) as server:
+        assert isinstance(server, NatsProcess)
+        server.kill()
+        opts = ConnectOptions.from_url(server.url, reconnect_wait_s=0.05, connect_timeout_s=0.5)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.to_thread.run_sync, _start_later, server)
+            with anyio.fail_after(5):
+                client = await connect(opts)
+        try:
+            assert client.is_connected
+        finally:
+            await client.close()
+
+
+def _start_later(server: NatsServer) -> None:
+    import time
+
+    time.sleep(0.3)
+    server.start()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nkeys") is not None, reason="nkeys is installed")
+async def test_creds_without_nkeys_fail_clearly(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="nkeys"):
+        await connect(ConnectOptions(creds_file=str(tmp_path / "user.creds")))
+
+
+def test_connect_options_never_show_the_password_in_their_repr() -> None:
+    from reconciler.bus.connection import ConnectOptions
+
+    opts = ConnectOptions(user="bridge", password="s3cret-hunter2")
+    assert "s3cret-hunter2" not in repr(opts) and "bridge" in repr(opts)

@@ -1,0 +1,332 @@
+"""The read-only queries of CONTRACT.md ("Queries") over a folded state.
+
+Each query is called as the NATS adapter calls it: ``QUERIES[name](state, request)``
+returns the reply's ``result`` or raises :class:`QueryError` with a contract code. The
+``{ok, …}`` envelope, ``health`` and the ``lease`` history belong to the adapter.
+The effective-runtime query is covered in ``tests/core/test_runtime.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from reconciler.core.queries import QUERIES, QueryError
+from reconciler.core.state import Effects
+from tests.support.builders import (
+    Fleet,
+    admit,
+    cmd,
+    gpu,
+    gpu_class,
+    instance,
+    inventory,
+    lifecycle,
+    pool,
+    snapshot,
+)
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def decision(fx: Effects) -> dict[str, Any]:
+    (only,) = [orjson.loads(o.payload) for o in fx.outputs if o.subject.startswith("out.decision.")]
+    assert isinstance(only, dict)
+    return only
+
+
+def query(fleet: Fleet, name: str, **request: Any) -> Any:
+    return QUERIES[name](fleet.state, request)
+
+
+def query_error(fleet: Fleet, name: str, **request: Any) -> str:
+    with pytest.raises(QueryError) as err:
+        QUERIES[name](fleet.state, request)
+    return err.value.code
+
+
+def fleet_with_leases() -> Fleet:
+    """h1 holds cold ``vm1`` (job-1) and warm ``w1`` claimed by job-2."""
+    fleet = Fleet()
+    fleet.send(snapshot("h1"), snapshot("h2"), pool("ci"), pool("warm", max_ready=2))
+    assert decision(fleet.send(admit("r1", "ci", "vm1", job="job-1", host="h1")))["outcome"] == (
+        "admitted"
+    )
+    fleet.send(admit("r2", "warm", "w1", kind="warm", host="h1"))
+    fleet.send(lifecycle("h1", "instance-ready", "w1"))
+    fleet.send(cmd("claim-warm", "c1", pool="warm", job="job-2"))
+    return fleet
+
+
+def lease_id_of(fleet: Fleet, name: str) -> str:
+    lease = fleet.state.lease_of_instance(name)
+    assert lease is not None
+    return str(lease.lease_id)
+
+
+# ========================================================================= resolve
+
+
+def test_resolve_by_instance_name() -> None:
+    fleet = fleet_with_leases()
+
+    assert query(fleet, "resolve", identifier="vm1") == {"instance": "vm1"}
+
+
+def test_resolve_by_the_job_of_a_cold_admission() -> None:
+    fleet = fleet_with_leases()
+
+    assert query(fleet, "resolve", identifier="job-1") == {"instance": "vm1"}
+
+
+def test_resolve_by_the_job_that_claimed_a_warm_vm() -> None:
+    fleet = fleet_with_leases()
+
+    assert query(fleet, "resolve", identifier="job-2") == {"instance": "w1"}
+
+
+def test_resolve_by_lease_id() -> None:
+    fleet = fleet_with_leases()
+
+    assert query(fleet, "resolve", identifier=lease_id_of(fleet, "w1")) == {"instance": "w1"}
+
+
+def test_resolve_by_job_of_an_adopted_vm() -> None:
+    fleet = Fleet()
+    fleet.send(snapshot("h1"), pool("warm", max_ready=2))
+    config = {
+        "user.rc.lease-id": "L5",
+        "user.rc.pool": "warm",
+        "user.rc.kind": "warm",
+        "user.rc.job": "job-7",
+    }
+    fleet.send(inventory("h1", [instance("w7", config=config)]))
+
+    assert query(fleet, "resolve", identifier="job-7") == {"instance": "w7"}
+
+
+def test_a_job_still_resolves_to_its_instance_after_release() -> None:
+    # Contract: "same job → same instance forever"; the core keeps the binding.
+    fleet = fleet_with_leases()
+    fleet.send(cmd("release", "rel1", instance="w1"))
+
+    assert query(fleet, "resolve", identifier="job-2") == {"instance": "w1"}
+
+
+def test_resolve_of_an_unknown_identifier_is_not_found() -> None:
+    assert query_error(fleet_with_leases(), "resolve", identifier="nobody") == "not-found"
+
+
+@pytest.mark.parametrize("request_", [{}, {"identifier": ""}, {"identifier": 42}])
+def test_resolve_without_an_identifier_string_is_invalid(request_: dict[str, Any]) -> None:
+    fleet = fleet_with_leases()
+
+    with pytest.raises(QueryError) as err:
+        QUERIES["resolve"](fleet.state, request_)
+
+    assert err.value.code == "invalid"
+
+
+# =========================================================================== lease
+
+
+@pytest.mark.parametrize("identifier", ["w1", "job-2", "<lease-id>"])
+def test_lease_query_answers_the_lease_by_any_identifier(identifier: str) -> None:
+    fleet = fleet_with_leases()
+    lease_id = lease_id_of(fleet, "w1")
+    identifier = lease_id if identifier == "<lease-id>" else identifier
+
+    result = query(fleet, "lease", identifier=identifier)
+
+    assert result["lease_id"] == lease_id
+    assert result["instance"] == "w1"
+    assert result["host"] == "h1"
+    assert result["host_uid"] == "uid-h1"
+    assert result["pool"] == "warm"
+    assert result["kind"] == "warm"
+    assert result["state"] == "claimed"
+    assert result["job"] == "job-2"
+    assert result["demand"] == {"cpu": 2, "memory_mib": 4096, "disk_gib": 20}
+    assert result["gpus"] == []
+
+
+def test_lease_query_answers_released_leases_too() -> None:
+    fleet = fleet_with_leases()
+    fleet.send(cmd("release", "rel1", instance="vm1"))
+
+    assert query(fleet, "lease", identifier="vm1")["state"] == "released"
+
+
+def test_lease_query_of_an_unknown_identifier_is_not_found() -> None:
+    assert query_error(fleet_with_leases(), "lease", identifier="ghost") == "not-found"
+
+
+def test_lease_query_without_an_identifier_is_invalid() -> None:
+    assert query_error(fleet_with_leases(), "lease") == "invalid"
+
+
+# ===================================================================== assignments
+
+
+def test_assignments_lists_the_active_leases_on_that_host() -> None:
+    fleet = fleet_with_leases()
+    fleet.send(admit("r3", "ci", "elsewhere", host="h2"))
+
+    result = query(fleet, "assignments", host="h1", uid="uid-h1")
+
+    assert sorted(le["instance"] for le in result) == ["vm1", "w1"]
+
+
+def test_assignments_leave_out_released_leases() -> None:
+    fleet = fleet_with_leases()
+    fleet.send(cmd("release", "rel1", instance="vm1"))
+
+    result = query(fleet, "assignments", host="h1", uid="uid-h1")
+
+    assert [le["instance"] for le in result] == ["w1"]
+
+
+def test_assignments_are_for_exactly_that_host_identity() -> None:
+    fleet = fleet_with_leases()
+    fleet.send(snapshot("h1", uid="uid-h1-reinstalled"))  # same name, new identity
+    fleet.send(admit("r3", "ci", "vm-new", host="h1"))
+
+    old = query(fleet, "assignments", host="h1", uid="uid-h1")
+    new = query(fleet, "assignments", host="h1", uid="uid-h1-reinstalled")
+
+    assert sorted(le["instance"] for le in old) == ["vm1", "w1"]
+    assert [le["instance"] for le in new] == ["vm-new"]
+
+
+def test_assignments_of_an_unknown_host_are_empty() -> None:
+    # Contract silent: the core answers an empty list, not not-found.
+    assert query(fleet_with_leases(), "assignments", host="h9", uid="uid-h9") == []
+
+
+def test_assignments_without_a_uid_is_invalid() -> None:
+    assert query_error(fleet_with_leases(), "assignments", host="h1") == "invalid"
+
+
+# ================================================================= unsuitable-hosts
+
+
+def gpu_hosts() -> Fleet:
+    """h-gpu has 2 GPUs, h-cpu none, h-full has no room, h-off is unschedulable."""
+    fleet = Fleet()
+    fleet.send(
+        snapshot("h-gpu", gpus=[gpu(0), gpu(1)]),
+        snapshot("h-cpu"),
+        snapshot("h-full", cpu=2),
+        snapshot("h-off", schedulable=False),
+        gpu_class("gpu", count=1),
+        pool("ci"),
+        pool("ml", claims=[{"name": "g", "class": "gpu"}]),
+    )
+    fleet.send(admit("r0", "ci", "filler", host="h-full"))
+    return fleet
+
+
+def test_unsuitable_hosts_names_the_hosts_where_the_pool_cannot_place() -> None:
+    fleet = gpu_hosts()
+
+    result = query(
+        fleet, "unsuitable-hosts", pool="ci", potential_hosts=["h-off", "h-gpu", "h-full", "h-cpu"]
+    )
+
+    assert result == {"unsuitable": ["h-off", "h-full"]}
+
+
+def test_unsuitable_hosts_is_a_subset_of_the_potential_hosts() -> None:
+    fleet = gpu_hosts()
+
+    result = query(fleet, "unsuitable-hosts", pool="ci", potential_hosts=["h-full"])
+
+    assert result == {"unsuitable": ["h-full"]}
+
+
+def test_an_unknown_potential_host_is_unsuitable() -> None:
+    fleet = gpu_hosts()
+
+    result = query(fleet, "unsuitable-hosts", pool="ci", potential_hosts=["h-gpu", "h-nope"])
+
+    assert result == {"unsuitable": ["h-nope"]}
+
+
+def test_the_pool_claims_make_hosts_without_gpus_unsuitable() -> None:
+    fleet = gpu_hosts()
+
+    result = query(fleet, "unsuitable-hosts", pool="ml", potential_hosts=["h-gpu", "h-cpu"])
+
+    assert result == {"unsuitable": ["h-cpu"]}
+
+
+def test_request_claims_are_added_to_the_pool_claims() -> None:
+    fleet = gpu_hosts()
+    claims = [{"name": "extra", "class": "gpu", "parameters": {"gpu": {"count": 2}}}]
+
+    with_claims = query(
+        fleet, "unsuitable-hosts", pool="ml", claims=claims, potential_hosts=["h-gpu"]
+    )
+    with_ci = query(fleet, "unsuitable-hosts", pool="ci", claims=claims, potential_hosts=["h-gpu"])
+
+    assert with_claims == {"unsuitable": ["h-gpu"]}  # 1 (pool) + 2 (request) > 2 GPUs
+    assert with_ci == {"unsuitable": []}
+
+
+def test_a_request_claim_replaces_the_pool_claim_of_the_same_name() -> None:
+    fleet = gpu_hosts()
+    claims = [{"name": "g", "class": "gpu", "parameters": {"gpu": {"count": 2}}}]
+
+    result = query(fleet, "unsuitable-hosts", pool="ml", claims=claims, potential_hosts=["h-gpu"])
+
+    assert result == {"unsuitable": []}
+
+
+def test_unsuitable_hosts_with_an_invalid_claim_is_invalid() -> None:
+    fleet = gpu_hosts()
+    claims = [{"name": "g", "class": "no-such-class"}]
+
+    assert (
+        query_error(fleet, "unsuitable-hosts", pool="ci", claims=claims, potential_hosts=["h-gpu"])
+        == "invalid"
+    )
+
+
+def test_unsuitable_hosts_with_a_contradicting_claim_is_invalid() -> None:
+    fleet = gpu_hosts()
+    fleet.send(gpu_class("a100", model="A100"))
+    claims = [{"name": "g", "class": "a100", "parameters": {"gpu": {"model": "H100"}}}]
+
+    assert (
+        query_error(fleet, "unsuitable-hosts", pool="ci", claims=claims, potential_hosts=[])
+        == "invalid"
+    )
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        {"pool": "ci"},
+        {"pool": "ci", "potential_hosts": "h-gpu"},
+        {"pool": "ci", "potential_hosts": [1]},
+        {"pool": "ci", "potential_hosts": [], "claims": {"name": "g"}},
+        {"pool": "ci", "potential_hosts": [], "claims": [{"name": "g"}]},
+        {"potential_hosts": []},
+    ],
+)
+def test_malformed_unsuitable_hosts_requests_are_invalid(request_: dict[str, Any]) -> None:
+    fleet = gpu_hosts()
+
+    with pytest.raises(QueryError) as err:
+        QUERIES["unsuitable-hosts"](fleet.state, request_)
+
+    assert err.value.code == "invalid"
+
+
+def test_unsuitable_hosts_for_an_unknown_pool_is_not_found() -> None:
+    # Contract silent on which code; the core answers not-found.
+    fleet = gpu_hosts()
+
+    assert query_error(fleet, "unsuitable-hosts", pool="ghost", potential_hosts=[]) == "not-found"
