@@ -4,7 +4,8 @@ instance, files and one command for a warm one that is already booted.
 Both run the same steps, in the order of GARM's provider library
 (``cloudconfig.GetCloudInitConfig``): the pool's pre-install scripts as root, in name
 order, from ``/garm-pre-install/`` (which is removed afterwards), then
-``/install_runner.sh`` (:mod:`.install`) as the user ``runner``. Packages follow the
+``/install_runner.sh`` (:mod:`.install`) as the user ``runner``, which is removed once
+it ran (it may embed the instance token). Packages follow the
 official Incus provider: ``curl`` and ``tar`` plus ``extra_packages``, with a package
 upgrade at boot, unless ``disable_updates`` (then only ``extra_packages``, no upgrade);
 the pool's extra specs say it, else the bootstrap's ``user_data_options``.
@@ -103,6 +104,8 @@ def cloud_config(bootstrap: Bootstrap, *, script: bytes | None = None) -> str:
     if runcmd:
         runcmd.append(["rm", "-rf", PRE_INSTALL_DIR])
     runcmd.append(["su", "-l", "-c", INSTALL_SCRIPT_PATH, RUNNER_USER])
+    # the script may embed the instance token: gone once it ran, as in GARM's library
+    runcmd.append(["rm", "-f", INSTALL_SCRIPT_PATH])
     upgrade = not disable_updates(bootstrap)
     config: dict[str, object] = {
         "package_update": upgrade,
@@ -158,6 +161,8 @@ trap '' HUP
   else
     {INSTALL_SCRIPT_PATH}
   fi
+  echo "install script exited $?"
+  rm -f {INSTALL_SCRIPT_PATH}
 ) >{LOG_PATH} 2>&1 </dev/null &
 exit 0
 """.strip()

@@ -28,7 +28,10 @@ def test_cloud_config_carries_the_script_the_ca_and_the_proxy() -> None:
         "http_proxy=http://proxy:3128" in proxy["content"]
     )
     assert config["ca_certs"]["trusted"] == [CA_PEM.decode()]
-    assert config["runcmd"] == [["su", "-l", "-c", "/install_runner.sh", "runner"]]
+    assert config["runcmd"] == [
+        ["su", "-l", "-c", "/install_runner.sh", "runner"],
+        ["rm", "-f", "/install_runner.sh"],  # it may hold the token: gone once it ran
+    ]
     assert config["package_update"] is False  # disable_updates_on_boot
 
 
@@ -51,6 +54,7 @@ def test_pre_install_scripts_run_as_root_in_name_order_before_the_install_script
         ["/garm-pre-install/02-second"],
         ["rm", "-rf", "/garm-pre-install"],
         ["su", "-l", "-c", "/install_runner.sh", "runner"],
+        ["rm", "-f", "/install_runner.sh"],
     ]
     plan = injection(b)
     assert [p for p, _, _ in plan.files][:2] == [
@@ -63,6 +67,7 @@ def test_pre_install_scripts_run_as_root_in_name_order_before_the_install_script
         script.index("/garm-pre-install/01-first /garm-pre-install/02-second")
         < script.index("rm -rf /garm-pre-install")
         < script.index("su -l -c /install_runner.sh runner")
+        < script.index("rm -f /install_runner.sh")
     )
 
 

@@ -158,6 +158,7 @@ async def test_a_cold_create_and_delete(
 
 # ------------------------------------------------------------ templates and pre-install
 
+SEEN_SCRIPT = "/tmp/install_runner.sh.seen"
 TEMPLATE = (
     "#!/bin/sh\n"
     "# runner {{ .RunnerName }} for {{ .RepoURL }}, labels '{{ .RunnerLabels }}'\n"
@@ -168,6 +169,9 @@ TEMPLATE = (
     "{{- end }}\n"
     'echo "install of {{ .RunnerName }} marker={{ index .ExtraContext "marker" }}'
     f' as $(id -un)" >> {MARKER}\n'
+    # the provider removes /install_runner.sh once it ran (it may hold the token): the
+    # test's own template keeps a copy of itself, as rendered in the instance
+    f"cat /install_runner.sh > {SEEN_SCRIPT}\n"
 )
 PRE_INSTALL = (
     "#!/bin/sh\n"
@@ -243,7 +247,9 @@ async def test_a_pools_template_and_pre_install_scripts_on_a_warm_and_a_cold_run
             "pre-install 01-hello ran",
             "install of garm-tpl-warm-1 marker=warm-blue as root",  # the image has no runner
         ]
-        script = real_incus.incus("exec", warm, "--", "cat", "/install_runner.sh")
+        script = await read_when(real_incus, warm, SEEN_SCRIPT, "install of")
+        gone = real_incus.incus("exec", warm, "--", "ls", "/install_runner.sh", check=False)
+        assert gone == ""  # removed once it ran
         assert (
             "{{" not in script
             and "runner garm-tpl-warm-1 for https://github.com/octo/repo" in script
@@ -269,6 +275,7 @@ async def test_a_pools_template_and_pre_install_scripts_on_a_warm_and_a_cold_run
             ["/garm-pre-install/01-hello"],
             ["rm", "-rf", "/garm-pre-install"],
             ["su", "-l", "-c", "/install_runner.sh", "runner"],
+            ["rm", "-f", "/install_runner.sh"],
         ]
         output = cloud_init_standin.play(real_incus, "garm-tpl-cold-1")
         assert "pre-install 01-hello: ran as root" in output
@@ -277,7 +284,11 @@ async def test_a_pools_template_and_pre_install_scripts_on_a_warm_and_a_cold_run
             "pre-install 01-hello ran",
             "install of garm-tpl-cold-1 marker=cold-green as runner",
         ]
-        script = real_incus.incus("exec", "garm-tpl-cold-1", "--", "cat", "/install_runner.sh")
+        script = real_incus.incus("exec", "garm-tpl-cold-1", "--", "cat", SEEN_SCRIPT)
+        gone = real_incus.incus(
+            "exec", "garm-tpl-cold-1", "--", "ls", "/install_runner.sh", check=False
+        )
+        assert gone == ""  # removed once it ran
         assert "runner garm-tpl-cold-1 for https://github.com/octo/repo" in script
         show("cold runner: /install_runner.sh", script)
         show(f"cold runner: {cloud_init_standin.OUTPUT_LOG} (runcmd)", output)
