@@ -48,7 +48,7 @@ def spawn(dep: Deployment, name: str, db: Path, log: Path) -> subprocess.Popen[b
         return subprocess.Popen(
             [
                 sys.executable, "-m", "reconciler.cli.main", "run",
-                *cli_options(dep, "replica"),
+                *cli_options(dep, name),
                 "--db", str(db), "--replica", name, "--stream-replicas", "3",
                 "--leader-ttl", "2", "--status-debounce", "0.2",
                 "--log-format", "json", "--log-level", "warning",
