@@ -100,10 +100,16 @@ def permissions(fleet: Fleet) -> dict[str, Permissions]:
         out[replica] = _replica(fleet, replica)
     out["bridge"] = Permissions(
         why=(
-            "reconciler bridge: Incus events, inventories and resources in; it reads its "
-            "last inventory back to continue its revisions"
+            "reconciler bridge: Incus events, inventories and resources in; it looks the "
+            "streams up at start and reads its last inventory back to continue its revisions"
         ),
-        publish=(f"{p}.in.host.>", f"$JS.API.STREAM.MSG.GET.{n.in_stream}"),
+        publish=(
+            f"{p}.in.host.>",
+            f"$JS.API.STREAM.MSG.GET.{n.in_stream}",
+            f"$JS.API.STREAM.INFO.{n.in_stream}",
+            f"$JS.API.STREAM.INFO.{n.out_stream}",
+            f"$JS.API.STREAM.INFO.{n.leader_stream}",
+        ),
         subscribe=("_INBOX.bridge.>",),
     )
     pulls: list[str] = []
