@@ -38,7 +38,7 @@ import anyio
 import requests
 from pylxd import Client
 from pylxd import exceptions as pylxd_errors
-from pylxd.client import get_session_for_url
+from pylxd.client import LXDSSLAdapter
 
 from reconciler.incus.endpoints import IncusEndpoint, endpoints_from_fleet_file
 from reconciler.incus.errors import (
@@ -129,17 +129,31 @@ def _failed_wait(response: Any) -> str | None:
     return None
 
 
+class _PinnedSession(requests.Session):
+    """A session whose pinned server certificate (``verify``, a file) is used as given:
+    requests would put ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE`` in its place on every
+    request (and then refuse the pinned host). The environment's proxy variables still
+    apply, as they do to every other endpoint."""
+
+    def merge_environment_settings(
+        self, url: str, proxies: Any, stream: Any, verify: Any, cert: Any
+    ) -> dict[str, Any]:
+        settings: dict[str, Any] = super().merge_environment_settings(
+            url, proxies, stream, verify, cert
+        )
+        settings["verify"] = self.verify
+        return settings
+
+
 def _session(endpoint: IncusEndpoint) -> requests.Session | None:
-    """pylxd's session for an HTTP(S) endpoint. A pinned server certificate (``verify``
-    a file) is used as given: requests would otherwise let ``REQUESTS_CA_BUNDLE`` or
-    ``CURL_CA_BUNDLE`` replace it on every request (and then refuse the pinned host), so
-    such a session ignores the environment (its proxy variables too)."""
+    """pylxd's session for an HTTPS endpoint whose server certificate is pinned (as
+    pylxd's own, which compares the certificate's fingerprint), or None (pylxd's)."""
     if not isinstance(endpoint.verify, str):
         return None
-    session: requests.Session = get_session_for_url(
-        endpoint.url, verify=endpoint.verify, cert=endpoint.cert
-    )
-    session.trust_env = False
+    session = _PinnedSession()
+    session.cert = endpoint.cert
+    session.verify = endpoint.verify
+    session.mount(endpoint.url, LXDSSLAdapter())
     return session
 
 
