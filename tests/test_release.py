@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests import release as rel
+from tests.support import release as rel
+from tests.support.repo import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-ROOT = rel.ROOT
 SCHEMAS = sorted(
     p.relative_to(ROOT).as_posix() for p in (ROOT / "reconciler" / "schemas").rglob("*.json")
 )
@@ -89,7 +89,8 @@ def test_the_wheel_runs_the_demo_from_a_fresh_virtual_environment(
 ) -> None:
     venv = tmp_path / "venv"
     env = outside_env()
-    run([sys._base_executable, "-m", "venv", "--without-pip", venv], cwd=tmp_path, env=env)
+    # run from this test environment, venv makes a new one of its base interpreter
+    run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp_path, env=env)
     pip_install(
         venv / "bin" / "python", "--find-links", wheelhouse, release.wheel, cwd=tmp_path, env=env
     )
@@ -117,7 +118,7 @@ def test_a_user_install_finds_its_schemas(
     env = outside_env(HOME=str(home))
     env.pop("PYTHONUSERBASE", None)
     run(
-        [sys._base_executable, "-m", "venv", "--without-pip", "--system-site-packages", base],
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", base],
         cwd=tmp_path,
         env=env,
     )

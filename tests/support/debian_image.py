@@ -1,5 +1,5 @@
 """A Debian 12 system-container image with systemd, for the private Incus daemon of the
-tests (:mod:`tests.realincus`): built from Debian packages with ``debootstrap``, no image
+tests (:mod:`tests.support.realincus`): built from Debian packages with ``debootstrap``, no image
 server needed, and cached between runs.
 
 - :data:`PACKAGES` is what the deployment test needs besides ``minbase``: systemd as PID
@@ -8,7 +8,7 @@ server needed, and cached between runs.
   of documentation, locales and apt's caches, with ``localhost`` in ``/etc/hosts``, no
   fixed host name (Incus names each container) and an empty ``machine-id`` (systemd makes
   one per container at first boot).
-- It is kept in :func:`tests.release.cache_dir` under a name keyed by the suite, the
+- It is kept in :func:`tests.support.release.cache_dir` under a name keyed by the suite, the
   package list and :data:`RECIPE` (bump it when the recipe changes), built at most once
   at a time (a lock), and written atomically. Building needs root, ``debootstrap`` and
   the Debian mirror the machine uses (``/etc/apt/sources.list.d/debian.sources``); with
@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.release import cache_dir, locked
+from tests.support.release import cache_dir, locked
 
 SUITE = "bookworm"
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "python3", "python3-venv", "procps")

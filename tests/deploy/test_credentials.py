@@ -29,8 +29,8 @@ from reconciler.deploy.accounts import permissions
 from reconciler.deploy.credentials import public_key
 from reconciler.deploy.fleet import Fleet
 from reconciler.replica.runtime import Replica, RunConfig, StartupError
-from tests.bus import running_replica
-from tests.cluster import BINARY, _free_ports
+from tests.support.bus import running_replica
+from tests.support.cluster import BINARY, _free_ports
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -74,14 +74,14 @@ def test_one_command_makes_every_credential_of_a_named_fleet(tmp_path: Path) -> 
     assert "incus config trust add-certificate" in text and "bridge-incus.pem" in text
     # certificates: one CA; nodes serve and route; the rest are clients
     ca = cert(out / "ca.pem")
-    node = cert(out / "nats-1.pem")
-    assert node.issuer == ca.subject
-    sans = node.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    node_cert = cert(out / "nats-1.pem")
+    assert node_cert.issuer == ca.subject
+    sans = node_cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert {"nats-1", "localhost", "nats.example.net"} <= set(
         sans.get_values_for_type(x509.DNSName)
     )
     assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1", "10.1.2.3"]
-    usage = node.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    usage = node_cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert set(usage) == {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
     for name in ("bridge", "bridge-incus", "replica-2-incus"):
         client = cert(out / f"{name}.pem")

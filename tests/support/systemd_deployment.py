@@ -1,13 +1,13 @@
 """The documented bare-host deployment (docs/operations.md, "systemd on bare hosts"), run
 for real: Debian 12 system containers with systemd as PID 1 on a private Incus daemon of
-their own (:mod:`tests.debian_image`), one machine per role.
+their own (:mod:`tests.support.debian_image`), one machine per role.
 
 - ``nats-1``..``nats-3``: the NATS nodes (``reconciler-nats.service``, nats-server 2.10);
   ``replica-1``, ``replica-2``: ``reconciler@<replica>`` (``replica-1`` also runs
   ``reconciler-provision``); ``edge``: ``reconciler-bridge`` and ``reconciler-executor``;
   ``garm``: GARM's host, where the provider is called as GARM calls it.
 - The Incus host the bridge and the executor manage is the session's private daemon
-  (:mod:`tests.realincus`), on the machine running the tests: it serves HTTPS on a
+  (:mod:`tests.support.realincus`), on the machine running the tests: it serves HTTPS on a
   loopback port and trusts the components' client certificates, as the docs say.
 - The containers have no network device. Every connection goes through host loopback
   ports and Incus ``proxy`` devices: a port a container serves is forwarded from the
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from reconciler.cli.local_incus import LocalIncus
-from tests.cluster import _free_ports
-from tests.release import ROOT
+from tests.support.cluster import _free_ports
+from tests.support.repo import ROOT
 
 T = TypeVar("T")
 
@@ -287,6 +287,8 @@ def garm_config(ports: Ports) -> str:
         f'incus_key = "{d}/producer-incus-key.pem"',
         f'incus_verify = "{d}/{INCUS_HOST}.crt"',
         "decision_timeout = 120",
+        # the test's instances have no network device: no address will come
+        "address_timeout = 1",
         "[incus.hosts]",
         f'"{INCUS_HOST}" = "https://127.0.0.1:{INCUS_PORT}"',
         "[pools]",

@@ -1,5 +1,5 @@
 """The documented deployment, run for real under systemd (docs/operations.md, "systemd on
-bare hosts"; :mod:`tests.systemd_deployment`): three NATS nodes with TLS and a user per
+bare hosts"; :mod:`tests.support.systemd_deployment`): three NATS nodes with TLS and a user per
 component, two replicas, the bridge and the executor from the project's own units in
 Debian 12 system containers, installed from the release built from this checkout, the
 bridge and the executor reaching the host's Incus over HTTPS with the client
@@ -34,14 +34,14 @@ from reconciler.cli.main import cli
 from reconciler.replica.replay import replay_into
 from reconciler.store.digest import state_digest
 from reconciler.store.sqlite import Store
-from tests import builders as b
-from tests import debian_image, realincus
-from tests import release as rel
-from tests import systemd_deployment as sd
-from tests.bus import BusClient, leader_holder, stream_messages
-from tests.cluster import BINARY
-from tests.garm_support import CONTROLLER, GARM_POOL, bootstrap
-from tests.workload import mixed, publish_steadily
+from tests.support import builders as b
+from tests.support import debian_image, realincus
+from tests.support import release as rel
+from tests.support import systemd_deployment as sd
+from tests.support.bus import BusClient, leader_holder, stream_messages
+from tests.support.cluster import BINARY
+from tests.support.garm import CONTROLLER, GARM_POOL, bootstrap
+from tests.support.workload import mixed, publish_steadily
 
 pytestmark = [pytest.mark.real_incus, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -286,8 +286,8 @@ async def test_stopping_the_stream_leader_node_and_the_leading_replica_loses_not
         tg.start_soon(produce)
         await sent_at_least(len(load.items) // 5)
         info = await js.stream_info("RC_IN")
-        node = info.cluster.leader if info.cluster else None
-        assert node in sd.NODES, info.cluster
+        assert info.cluster is not None and info.cluster.leader in sd.NODES, info.cluster
+        node: str = info.cluster.leader
         await stop(node, "the RC_IN stream leader")
         await sent_at_least(len(load.items) * 9 // 20)
         replica = await leader_holder(js)

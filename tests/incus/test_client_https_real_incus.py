@@ -20,8 +20,8 @@ from reconciler.cli.main import cli
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.errors import EventStreamRefused, IncusUnavailable
 from reconciler.incus.events import open_lifecycle_stream
-from tests.cluster import _free_ports
-from tests.realincus import RealIncus
+from tests.support.cluster import _free_ports
+from tests.support.realincus import RealIncus
 
 pytestmark = [pytest.mark.real_incus, pytest.mark.timeout(90)]
 

@@ -1,6 +1,6 @@
 """The project as a user gets it: a release built from the checkout, and its dependencies
 as local wheels, for tests that install it somewhere else (a fresh virtual environment,
-``pip install --user``, the system containers of :mod:`tests.systemd_deployment`).
+``pip install --user``, the system containers of :mod:`tests.support.systemd_deployment`).
 
 - :func:`release` builds the sdist and, from it, the wheel (``python -m build
   --no-isolation``: offline, with the build backend the test extras install), once per
@@ -35,7 +35,8 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.repo import ROOT
+
 CACHE_ENV = "RC_TEST_CACHE"
 #: what is not part of the source a release is built from
 _NOT_SOURCE = shutil.ignore_patterns(
