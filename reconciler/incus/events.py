@@ -119,6 +119,18 @@ class _EventSocket(WebSocketBaseClient):  # type: ignore[misc]
                     "file): refusing its events",
                 )
 
+    def close_connection(self) -> None:
+        """ws4py's, which skips ``close()`` when ``shutdown()`` raises: after
+        :meth:`interrupt` shut the socket down, an SSL socket's second shutdown raises,
+        and the descriptor leaked until garbage collection."""
+        sock = self.sock
+        try:
+            super().close_connection()
+        finally:
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.close()
+
     def process(self, data: bytes) -> bool:
         self.last_activity = time.monotonic()
         if self._handshaking:  # bytes after the upgrade response: for the reading thread
