@@ -1,5 +1,5 @@
 """The documentation stands on its own: links resolve inside the repository, the AsyncAPI
-document is valid and generated from ``schemas/``, every command and option is in
+document is valid and generated from ``reconciler/schemas/``, every command and option is in
 docs/cli.md, and nothing points at files outside the repository."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _CODE = re.compile(r"`[^`\n]*`")
 
 def documents() -> list[Path]:
     found = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-    found += sorted((ROOT / "schemas").rglob("*.md"))
+    found += sorted((ROOT / "reconciler" / "schemas").rglob("*.md"))
     changelog = ROOT / "CHANGELOG.md"
     return [*found, changelog] if changelog.exists() else found
 
@@ -196,19 +196,16 @@ def test_every_command_and_option_is_in_the_cli_doc() -> None:
     assert not missing, f"docs/cli.md does not document: {missing}"
 
 
-def test_an_installed_copy_finds_its_schemas_without_a_checkout(
+def test_the_schemas_are_package_data_read_through_importlib_resources(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import sys
+    from importlib.resources import files
 
     from reconciler.bus import schemas
 
     monkeypatch.delenv(schemas.SCHEMAS_DIR_ENV, raising=False)
-    installed = tmp_path / "share" / "reconciler" / "schemas"
-    installed.mkdir(parents=True)
-    monkeypatch.setattr(sys, "prefix", str(tmp_path))
-    monkeypatch.setattr(schemas, "__file__", str(tmp_path / "lib" / "reconciler" / "bus" / "x.py"))
-    assert schemas.schemas_dir() == installed
-    # a checkout wins over an installed copy
-    monkeypatch.setattr(schemas, "__file__", str(ROOT / "reconciler" / "bus" / "schemas.py"))
-    assert schemas.schemas_dir() == ROOT / "schemas"
+    assert schemas.schemas_dir() == files("reconciler") / "schemas"
+    assert schemas.schemas_dir() == ROOT / "reconciler" / "schemas"
+    # RC_SCHEMAS_DIR names another directory, and nothing else is ever looked at
+    monkeypatch.setenv(schemas.SCHEMAS_DIR_ENV, str(tmp_path))
+    assert schemas.schemas_dir() == tmp_path

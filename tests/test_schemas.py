@@ -1,4 +1,4 @@
-"""The JSON Schemas of ``schemas/``: valid 2020-12, self-consistent, and true to the code.
+"""The JSON Schemas (``reconciler/schemas/``): valid 2020-12, self-consistent, true to the code.
 
 Every schema carries ``examples`` (valid) and ``x-invalid-examples`` (``{payload, why}``);
 both are run here. Input schemas are also checked against ``reconciler.core.inputs``: a
@@ -64,8 +64,8 @@ def _id(case: tuple[str, int, Any]) -> str:
 # ------------------------------------------------------------------- the files
 
 
-def test_the_schema_directory_is_the_repositorys() -> None:
-    assert REPO / "schemas" == ROOT
+def test_the_schema_directory_is_the_packages() -> None:
+    assert REPO / "reconciler" / "schemas" == ROOT
 
 
 def test_every_message_of_the_contract_has_a_schema() -> None:

@@ -3,13 +3,11 @@
 - ``scripts/bench --quick`` runs end to end and prints one JSON line of the agreed shape.
   Only the shape is checked, never the numbers: performance is judged by reading the
   benchmark's output, not by timed tests (engineering rule).
-- ``scripts/make_credentials.py`` keeps private keys private and is idempotent.
 """
 
 from __future__ import annotations
 
 import os
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -92,25 +90,3 @@ def test_quick_bench_prints_one_json_line_with_every_figure(tmp_path: Path) -> N
     assert isinstance(result["versions"]["nats_py"], str)
     # nothing left behind in the temporary directory it was given
     assert list(tmp_path.iterdir()) == []
-
-
-def test_make_credentials_keeps_keys_private_and_is_idempotent(tmp_path: Path) -> None:
-    from cryptography import x509
-
-    from tests.support.cluster import make_credentials
-
-    out = tmp_path / "secrets"
-    make_credentials(out)
-    ca = (out / "ca.pem").read_bytes()
-    seed = (out / "replica.nk").read_bytes()
-    for path in out.iterdir():
-        private = path.name.endswith(("-key.pem", ".nk"))
-        assert (stat.S_IMODE(path.stat().st_mode) & 0o077 == 0) or not private, path
-    node = x509.load_pem_x509_certificate((out / "nats-1.pem").read_bytes())
-    sans = node.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert {"nats-1", "localhost"} <= set(sans.get_values_for_type(x509.DNSName))
-    make_credentials(out)  # again: what exists is kept
-    assert (out / "ca.pem").read_bytes() == ca and (out / "replica.nk").read_bytes() == seed
-    public = seed.decode().strip()
-    assert public not in (out / "nkeys.conf").read_text()  # public keys only
-    assert "REPLICA_NKEY" in (out / "nkeys.conf").read_text()

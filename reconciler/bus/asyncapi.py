@@ -1,4 +1,4 @@
-"""An AsyncAPI 3.0 document of the bus, generated from the JSON Schemas in ``schemas/``.
+"""An AsyncAPI 3.0 document of the bus, generated from the JSON Schemas (``reconciler/schemas``).
 
 ``python -m reconciler.bus.asyncapi > docs/asyncapi.json`` writes it; a test validates it
 against AsyncAPI's own schema and fails when it differs from what the schemas generate.
@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import re
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+import reconciler
 from reconciler.bus.schemas import load
 
 __all__ = ["SCHEMA_FORMAT", "asyncapi_document", "main"]
@@ -79,12 +79,9 @@ def _payload(ref: str) -> dict[str, Any]:
 
 
 def asyncapi_document(root: Path | None = None) -> dict[str, Any]:
-    """The AsyncAPI 3.0 document of the schemas under ``root`` (default: ``schemas/``)."""
+    """The AsyncAPI 3.0 document of the schemas under ``root`` (default: the package's)."""
     documents = load(root).documents
-    try:
-        app_version = version("reconciler")
-    except PackageNotFoundError:  # pragma: no cover - run from a bare checkout
-        app_version = "0"
+    app_version = reconciler.__version__
     schemas = {_key(rel): _rewrite(doc, rel) for rel, doc in sorted(documents.items())}
     channels: dict[str, Any] = {}
     operations: dict[str, Any] = {}
@@ -184,7 +181,7 @@ def asyncapi_document(root: Path | None = None) -> dict[str, Any]:
                 "Admission control for self-hosted CI runners on Incus, over NATS JetStream. "
                 "Inputs arrive on the stream RC_IN (subjects rc.in.>), outputs leave on RC_OUT "
                 "(rc.out.>), queries are core NATS request-reply on rc.query.<name>. Addresses "
-                "are shown for the default prefix rc. Generated from schemas/ by "
+                "are shown for the default prefix rc. Generated from reconciler/schemas/ by "
                 "`python -m reconciler.bus.asyncapi`; see docs/interface.md."
             ),
         },

@@ -1,10 +1,11 @@
-"""The contract's JSON Schemas (``schemas/`` at the top of the repository), loaded and compiled.
+"""The contract's JSON Schemas (``reconciler/schemas/``, package data), loaded and compiled.
 
 Rules:
 
-- The directory is ``$RC_SCHEMAS_DIR`` when set, else ``schemas/`` beside the ``reconciler``
-  package (``Path(__file__).resolve().parents[2] / "schemas"``, a checkout), else
-  ``<sys.prefix>/share/reconciler/schemas`` (where a wheel install puts them).
+- The schemas are the package's own data, read through :mod:`importlib.resources`
+  (``reconciler/schemas/``: in a checkout, an editable install, a wheel installed into
+  any prefix or with ``--user``); ``$RC_SCHEMAS_DIR`` names another directory instead
+  (a schema under development, a test).
 - Every ``*.json`` file below it is one schema (draft 2020-12) with an ``$id`` under
   :data:`BASE_URI`; schemas refer to each other (``../defs.json#/$defs/…``) through one
   offline registry, so nothing is ever fetched over the network.
@@ -17,9 +18,10 @@ Rules:
 from __future__ import annotations
 
 import os
-import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import lru_cache
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -44,15 +46,13 @@ class SchemaLoadError(RuntimeError):
     """The schema directory is missing, or a schema in it cannot be read or compiled."""
 
 
-def schemas_dir() -> Path:
-    """Where the schemas are: ``$RC_SCHEMAS_DIR``, else the checkout's ``schemas/``, else
-    the installed copy."""
+def schemas_dir() -> Traversable:
+    """Where the schemas are: ``$RC_SCHEMAS_DIR`` when set, else the package's own
+    ``schemas/`` (a :class:`~pathlib.Path` wherever the package is a plain directory)."""
     override = os.environ.get(SCHEMAS_DIR_ENV)
     if override:
         return Path(override)
-    checkout = Path(__file__).resolve().parents[2] / "schemas"
-    installed = Path(sys.prefix) / "share" / "reconciler" / "schemas"
-    return installed if not checkout.is_dir() and installed.is_dir() else checkout
+    return files("reconciler") / "schemas"
 
 
 def input_schema_path(kind: str) -> str:
@@ -64,7 +64,7 @@ def input_schema_path(kind: str) -> str:
 class SchemaSet:
     """Every schema of one directory, by relative path, with their shared registry."""
 
-    root: Path
+    root: Traversable
     documents: dict[str, dict[str, Any]]
     registry: jsonschema_rs.Registry
 
@@ -81,31 +81,39 @@ class SchemaSet:
             ) from exc
 
 
-def _read(root: Path) -> dict[str, dict[str, Any]]:
+def _walk(directory: Traversable, prefix: str = "") -> Iterator[tuple[str, Traversable]]:
+    """Every ``*.json`` file below ``directory``, by relative path, in name order."""
+    for entry in sorted(directory.iterdir(), key=lambda e: e.name):
+        relpath = prefix + entry.name
+        if entry.is_dir():
+            yield from _walk(entry, relpath + "/")
+        elif entry.name.endswith(".json"):
+            yield relpath, entry
+
+
+def _read(root: Traversable) -> dict[str, dict[str, Any]]:
     if not root.is_dir():
         raise SchemaLoadError(
             f"schema directory {root} does not exist (set {SCHEMAS_DIR_ENV} to override)"
         )
     documents: dict[str, dict[str, Any]] = {}
-    for path in sorted(root.rglob("*.json")):
-        relpath = path.relative_to(root).as_posix()
+    for relpath, entry in sorted(_walk(root)):
         try:
-            document = orjson.loads(path.read_bytes())
+            document = orjson.loads(entry.read_bytes())
         except (OSError, orjson.JSONDecodeError) as exc:
-            raise SchemaLoadError(f"cannot read schema {path}: {exc}") from exc
+            raise SchemaLoadError(f"cannot read schema {relpath} in {root}: {exc}") from exc
         if not isinstance(document, dict):
-            raise SchemaLoadError(f"schema {path} is not a JSON object")
+            raise SchemaLoadError(f"schema {relpath} in {root} is not a JSON object")
         expected = BASE_URI + relpath
         if document.get("$id") != expected:
             raise SchemaLoadError(
-                f"schema {path} has $id {document.get('$id')!r}, not {expected!r}"
+                f"schema {relpath} in {root} has $id {document.get('$id')!r}, not {expected!r}"
             )
         documents[relpath] = document
     return documents
 
 
-@lru_cache(maxsize=8)
-def _load(root: Path) -> SchemaSet:
+def _compile(root: Traversable) -> SchemaSet:
     documents = _read(root)
     try:
         registry = jsonschema_rs.Registry(
@@ -116,6 +124,17 @@ def _load(root: Path) -> SchemaSet:
     return SchemaSet(root=root, documents=documents, registry=registry)
 
 
-def load(root: Path | None = None) -> SchemaSet:
+#: every schema set loaded, by its directory
+_LOADED: dict[str, SchemaSet] = {}
+
+
+def load(root: Traversable | None = None) -> SchemaSet:
     """Load (once per directory) every schema under ``root`` (default :func:`schemas_dir`)."""
-    return _load((root or schemas_dir()).resolve())
+    found = root if root is not None else schemas_dir()
+    if isinstance(found, Path):
+        found = found.resolve()
+    key = str(found)
+    loaded = _LOADED.get(key)
+    if loaded is None:
+        loaded = _LOADED[key] = _compile(found)
+    return loaded

@@ -112,6 +112,10 @@ class StreamNames:
         """The stream behind the leader bucket (``KV_<bucket>``)."""
         return f"KV_{self.leader_bucket}"
 
+    def replica_consumer(self, replica: str) -> str:
+        """A replica's durable consumer of the IN stream (``RC_IN-<replica>``)."""
+        return f"{self.in_stream}-{replica}"
+
 
 async def ensure_streams(
     js: JetStreamContext,

@@ -305,8 +305,9 @@ def build_image(workdir: Path) -> Path:
 
 
 @contextlib.contextmanager
-def start_local_incus() -> Iterator[LocalIncus]:
-    """A private daemon with the test image imported; stopped and cleaned up after."""
+def start_local_incus(*, test_image: bool = True) -> Iterator[LocalIncus]:
+    """A private daemon (with the test image imported unless ``test_image`` is false);
+    stopped and cleaned up after, with every instance and image it holds."""
     directory = Path(tempfile.mkdtemp(prefix="rc-incus-"))
     directory.chmod(0o711)  # unprivileged containers' root must traverse it
     process = _spawn(directory)
@@ -314,10 +315,11 @@ def start_local_incus() -> Iterator[LocalIncus]:
     try:
         _wait_ready(daemon)
         daemon.incus("admin", "init", "--preseed", input=json.dumps(PRESEED).encode())
-        build = directory / "build"
-        build.mkdir()
-        tarball = build_image(build)
-        daemon.incus("image", "import", str(tarball), "--alias", IMAGE_ALIAS)
+        if test_image:
+            build = directory / "build"
+            build.mkdir()
+            tarball = build_image(build)
+            daemon.incus("image", "import", str(tarball), "--alias", IMAGE_ALIAS)
         server = daemon.query("/1.0")
         assert isinstance(server, dict)
         daemon.version = str(server.get("environment", {}).get("server_version", ""))

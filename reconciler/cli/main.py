@@ -43,6 +43,7 @@ class _Commands(click.Group):
         "apply": ("reconciler.cli.apply_cmd", "apply_cmd"),
         "bridge": ("reconciler.cli.bridge_cmd", "bridge"),
         "cmd": ("reconciler.cli.send_cmd", "send_cmd"),
+        "credentials": ("reconciler.cli.credentials_cmd", "credentials"),
         "executor": ("reconciler.cli.executor_cmd", "executor"),
         "garm-provider": ("reconciler.cli.garm_cmd", "garm_provider"),
         "provision": ("reconciler.cli.provision", "provision"),

@@ -6,7 +6,8 @@ admin user runs this once (and again after changing a setting; it is idempotent)
 - the IN and OUT streams, the leader bucket and the snapshots' object store, with
   ``--stream-replicas`` replicas
   (an existing stream's replica count and limits are updated to what is asked);
-- one durable consumer per ``--executor-host`` on the OUT stream, as the executor would
+- one durable consumer per ``--executor-host`` (and per host of ``--incus-fleet``, the
+  fleet file the executor reads) on the OUT stream, as the executor would
   create it (``executor-<host>``, filter ``<prefix>.out.exec.<host>.>``, delivering new
   commands only), so that executors need no consumer-create permission, which could
   otherwise set a push ``deliver_subject`` to any subject.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -33,6 +35,7 @@ from reconciler.cli.options import (
     Common,
     bus_options,
     common_from,
+    load_endpoints,
     log_options,
     stream_replicas_option,
 )
@@ -63,12 +66,23 @@ _EXECUTOR_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fie
     metavar="HOST",
     help="Create the executor consumer of this Incus host; repeatable.",
 )
+@click.option(
+    "--incus-fleet",
+    envvar="RC_INCUS_FLEET",
+    show_envvar=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A fleet file: create the executor consumer of every host in it.",
+)
 @log_options
 def provision(**kwargs: Any) -> None:
     """Create (or update) the streams, the leader bucket and the executors' consumers, as
     an admin user, so that every component can run with least privilege."""
     common = common_from(kwargs, name="reconciler-provision")
     hosts: tuple[str, ...] = kwargs["executor_hosts"]
+    fleet: Path | None = kwargs["incus_fleet"]
+    if fleet is not None:
+        listed = (e.host for e in load_endpoints(fleet_file=fleet))
+        hosts = tuple(dict.fromkeys((*hosts, *listed)))
     try:
         done = anyio.run(
             lambda: _provision(

@@ -38,6 +38,7 @@ import anyio
 import requests
 from pylxd import Client
 from pylxd import exceptions as pylxd_errors
+from pylxd.client import LXDSSLAdapter
 
 from reconciler.incus.endpoints import IncusEndpoint, endpoints_from_fleet_file
 from reconciler.incus.errors import (
@@ -126,6 +127,34 @@ def _failed_wait(response: Any) -> str | None:
     if isinstance(body, dict) and body.get("type") == "error":
         return str(body.get("error") or "operation failed")
     return None
+
+
+class _PinnedSession(requests.Session):
+    """A session whose pinned server certificate (``verify``, a file) is used as given:
+    requests would put ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE`` in its place on every
+    request (and then refuse the pinned host). The environment's proxy variables still
+    apply, as they do to every other endpoint."""
+
+    def merge_environment_settings(
+        self, url: str, proxies: Any, stream: Any, verify: Any, cert: Any
+    ) -> dict[str, Any]:
+        settings: dict[str, Any] = super().merge_environment_settings(
+            url, proxies, stream, verify, cert
+        )
+        settings["verify"] = self.verify
+        return settings
+
+
+def _session(endpoint: IncusEndpoint) -> requests.Session | None:
+    """pylxd's session for an HTTPS endpoint whose server certificate is pinned (as
+    pylxd's own, which compares the certificate's fingerprint), or None (pylxd's)."""
+    if not isinstance(endpoint.verify, str):
+        return None
+    session = _PinnedSession()
+    session.cert = endpoint.cert
+    session.verify = endpoint.verify
+    session.mount(endpoint.url, LXDSSLAdapter())
+    return session
 
 
 class IncusHost:
@@ -369,6 +398,7 @@ class IncusHost:
         async with open_lifecycle_stream(
             client,
             host=self.name,
+            verify=self.endpoint.verify,
             connect_timeout_s=self.request_timeout_s,
             idle_timeout_s=idle_timeout_s,
             buffer=buffer,
@@ -487,14 +517,20 @@ class IncusHost:
         with self._client_lock:
             if self._client is None:
                 url = self.endpoint.url
-                self._client = Client(
-                    endpoint=url,
-                    cert=self.endpoint.cert,
-                    verify=self.endpoint.verify,
-                    timeout=self.request_timeout_s,
-                    # pylxd's own unix connection leaks a socket per failed connect
-                    session=unix_session() if url.startswith(UNIX_SCHEME) else None,
-                )
+                # pylxd's own unix connection leaks a socket per failed connect
+                session = unix_session() if url.startswith(UNIX_SCHEME) else _session(self.endpoint)
+                try:
+                    self._client = Client(
+                        endpoint=url,
+                        cert=self.endpoint.cert,
+                        verify=self.endpoint.verify,
+                        timeout=self.request_timeout_s,
+                        session=session,
+                    )
+                except BaseException:
+                    if session is not None:  # a refused first request leaves it open
+                        session.close()
+                    raise
             return self._client
 
     async def _in_thread(self, call: Callable[[], T], *, budget_s: float | None = None) -> T:

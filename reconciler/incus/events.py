@@ -23,13 +23,23 @@ Rules:
   reconnects with backoff (and should re-list instances: events in the gap are gone).
 - **Clean exit.** Leaving the ``async with`` sends a close frame, shuts the socket down
   and joins the thread; no socket or thread outlives the block.
+- **The server is checked as the REST calls check it.** ws4py verifies nothing by itself;
+  over ``wss://`` the stream takes the endpoint's ``verify``: a certificate file pins
+  the server (its certificate must be that one, as pylxd pins it for the REST calls),
+  ``True`` verifies it and its name against the CA bundle requests uses, ``False``
+  checks nothing. A server that fails the check is refused before any event is read
+  (:class:`~reconciler.incus.errors.EventStreamRefused`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
+import os
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -37,7 +47,10 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
 from pylxd.client import EventType
+from requests.utils import DEFAULT_CA_BUNDLE_PATH
 from ws4py.client import WebSocketBaseClient
 from ws4py.exc import HandshakeError
 
@@ -48,11 +61,44 @@ __all__ = ["LifecycleStream", "open_lifecycle_stream"]
 Event = dict[str, Any]
 
 
+def _pinned_fingerprint(path: str) -> bytes:
+    with open(path, "rb") as pem:
+        return x509.load_pem_x509_certificate(pem.read()).fingerprint(hashes.SHA256())
+
+
+def _tls_options(
+    ssl_options: dict[str, Any] | None, verify: bool | str
+) -> tuple[dict[str, Any], bytes | None]:
+    """ws4py's ``ssl_options`` for ``verify``, and the pinned certificate's fingerprint."""
+    options = dict(ssl_options or {})
+    if isinstance(verify, str):
+        return options, _pinned_fingerprint(verify)
+    if verify:
+        bundle = (
+            os.environ.get("REQUESTS_CA_BUNDLE")
+            or os.environ.get("CURL_CA_BUNDLE")
+            or DEFAULT_CA_BUNDLE_PATH
+        )
+        options.update(cert_reqs=ssl.CERT_REQUIRED, ca_certs=bundle)
+    return options, None
+
+
 class _EventSocket(WebSocketBaseClient):  # type: ignore[misc]
     """ws4py client: no Origin header, records activity, hands events to the loop."""
 
-    def __init__(self, url: str, ssl_options: dict[str, str] | None = None) -> None:
-        super().__init__(url, ssl_options=ssl_options, exclude_headers=["origin"])
+    def __init__(
+        self,
+        url: str,
+        ssl_options: dict[str, str] | None = None,
+        *,
+        host: str = "",
+        verify: bool | str = True,
+    ) -> None:
+        options, self._pinned = _tls_options(ssl_options, verify)
+        if not url.startswith("wss://"):
+            options, self._pinned = dict(ssl_options or {}), None
+        super().__init__(url, ssl_options=options, exclude_headers=["origin"])
+        self.host_name = host
         self.last_activity = time.monotonic()
         self.send_stream: MemoryObjectSendStream[Event] | None = None
         self.close_code: int | None = None
@@ -64,6 +110,26 @@ class _EventSocket(WebSocketBaseClient):  # type: ignore[misc]
             super().connect()
         finally:
             self._handshaking = False
+        if self._pinned is not None:
+            seen = self.sock.getpeercert(binary_form=True) or b""
+            if hashlib.sha256(seen).digest() != self._pinned:
+                raise EventStreamRefused(
+                    self.host_name,
+                    "the server's certificate is not the pinned one (the endpoint's verify "
+                    "file): refusing its events",
+                )
+
+    def close_connection(self) -> None:
+        """ws4py's, which skips ``close()`` when ``shutdown()`` raises: after
+        :meth:`interrupt` shut the socket down, an SSL socket's second shutdown raises,
+        and the descriptor leaked until garbage collection."""
+        sock = self.sock
+        try:
+            super().close_connection()
+        finally:
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.close()
 
     def process(self, data: bytes) -> bool:
         self.last_activity = time.monotonic()
@@ -109,10 +175,11 @@ class LifecycleStream:
             raise EventStreamLost(self._host, self.lost_reason or "event stream closed") from None
 
 
-def _open(client: Any, *, connect_timeout_s: float) -> _EventSocket:
+def _open(client: Any, *, host: str, verify: bool | str, connect_timeout_s: float) -> _EventSocket:
     """In a worker thread: make the ws4py client through pylxd and do the handshake."""
     ws: _EventSocket = client.events(
-        websocket_client=_EventSocket, event_types={EventType.Lifecycle}
+        websocket_client=functools.partial(_EventSocket, host=host, verify=verify),
+        event_types={EventType.Lifecycle},
     )
     ws.resource = f"{ws.resource}&all-projects=true"
     ws.sock.settimeout(connect_timeout_s)
@@ -126,16 +193,25 @@ def _open(client: Any, *, connect_timeout_s: float) -> _EventSocket:
 
 @contextlib.asynccontextmanager
 async def open_lifecycle_stream(
-    client: Any, *, host: str, connect_timeout_s: float, idle_timeout_s: float, buffer: int
+    client: Any,
+    *,
+    host: str,
+    connect_timeout_s: float,
+    idle_timeout_s: float,
+    buffer: int,
+    verify: bool | str = True,
 ) -> AsyncIterator[LifecycleStream]:
-    """Connect to ``/1.0/events`` of pylxd ``client`` and stream its lifecycle events."""
+    """Connect to ``/1.0/events`` of pylxd ``client`` and stream its lifecycle events;
+    over ``wss://``, the server is checked as ``verify`` says (see the module's rules)."""
     try:
         ws = await anyio.to_thread.run_sync(
-            lambda: _open(client, connect_timeout_s=connect_timeout_s),
+            lambda: _open(client, host=host, verify=verify, connect_timeout_s=connect_timeout_s),
             limiter=anyio.CapacityLimiter(1),
         )
     except HandshakeError as exc:
         raise EventStreamRefused(host, f"events handshake refused: {exc}") from exc
+    except ssl.SSLCertVerificationError as exc:
+        raise EventStreamRefused(host, f"events: the server's certificate: {exc}") from exc
     except OSError as exc:
         raise IncusUnavailable(host, f"events: {exc}") from exc
     send, receive = anyio.create_memory_object_stream[Event](buffer)

@@ -256,7 +256,7 @@ class Replica:
             nc,
             js,
             stream=self.names.in_stream,
-            durable=f"{self.names.in_stream}-{cfg.replica}",
+            durable=self.names.replica_consumer(cfg.replica),
             batch=cfg.batch,
         )
         try:

@@ -473,9 +473,16 @@ def test_mutated_examples_never_raise(kind: str, key: str, value: Any, drop: boo
 # -------------------------------------------------------------- schema location
 
 
+def _package_schemas() -> Path:
+    """The package's schemas, a plain directory in a checkout."""
+    found = schemas_dir()
+    assert isinstance(found, Path), found
+    return found
+
+
 def test_schemas_dir_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     copied = tmp_path / "schemas"
-    shutil.copytree(schemas_dir(), copied)
+    shutil.copytree(_package_schemas(), copied)
     monkeypatch.setenv(SCHEMAS_DIR_ENV, str(copied))
     assert schemas_dir() == copied
     decoder = Decoder()
@@ -484,7 +491,7 @@ def test_schemas_dir_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 def test_a_missing_schema_is_a_deployment_error_not_bad_input(tmp_path: Path) -> None:
     copied = tmp_path / "schemas"
-    shutil.copytree(schemas_dir(), copied)
+    shutil.copytree(_package_schemas(), copied)
     (copied / "in" / "cmd.release.json").unlink()
     with pytest.raises(SchemaLoadError, match=r"in/cmd\.release\.json"):
         Decoder(schemas_dir=copied)

@@ -134,7 +134,7 @@ def test_apply_then_cmd_then_query(served: tuple[str, Path]) -> None:
 
 
 def test_query_offers_every_query_the_replicas_answer() -> None:
-    schemas = ROOT / "schemas" / "query"
+    schemas = ROOT / "reconciler" / "schemas" / "query"
     named = sorted(p.name.removesuffix(".request.json") for p in schemas.glob("*.request.json"))
     assert list(QUERIES) == named
 

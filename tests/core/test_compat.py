@@ -12,7 +12,7 @@ import orjson
 from reconciler.core.compat import ADDITIONS, Addition, judge
 from tests.support.repo import ROOT
 
-SCHEMAS = ROOT / "schemas" / "out"
+SCHEMAS = ROOT / "reconciler" / "schemas" / "out"
 
 INSTANCE_TYPE = "out.exec.*.create instance_type"
 

@@ -22,7 +22,7 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
-from nats.js.errors import NotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from reconciler.bus.connection import ConnectOptions
 from reconciler.bus.streams import StreamNames, ensure_streams
@@ -259,3 +259,50 @@ async def running_replica(config: RunConfig, *, ready: bool = True) -> AsyncIter
             yield replica
         finally:
             stop.set()
+
+
+@dataclass(frozen=True, slots=True)
+class Stamped:
+    """A stream message's subject, ``Nats-Msg-Id`` and the stream's own timestamp."""
+
+    subject: str
+    msg_id: str | None
+    at: float
+
+
+async def stream_messages(js: Any, stream: str, subjects: str) -> list[Stamped]:
+    """Every message of ``stream`` (an ephemeral consumer, no acks), in stream order."""
+    sub = await js.pull_subscribe(
+        subjects,
+        stream=stream,
+        config=api.ConsumerConfig(
+            ack_policy=api.AckPolicy.NONE, deliver_policy=api.DeliverPolicy.ALL
+        ),
+    )
+    out: list[Stamped] = []
+    total = (await js.stream_info(stream)).state.messages
+    try:
+        while len(out) < total:
+            for m in await sub.fetch(1000, timeout=10):
+                headers = m.headers or {}
+                out.append(
+                    Stamped(m.subject, headers.get("Nats-Msg-Id"), m.metadata.timestamp.timestamp())
+                )
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
+async def leader_holder(js: Any, *, bucket: str = "rc_leader", within_s: float = 60) -> str:
+    """The replica holding the leader key (waiting through a lapse between holders)."""
+    kv = await js.key_value(bucket)
+    with anyio.fail_after(within_s):
+        while True:
+            try:
+                entry = await kv.get("leader")
+                holder = orjson.loads(entry.value or b"{}").get("holder")
+                if holder:
+                    return str(holder)
+            except KeyNotFoundError:
+                pass
+            await anyio.sleep(0.2)

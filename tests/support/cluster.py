@@ -1,7 +1,8 @@
-"""The deployment of ``compose/`` as local processes: the very NATS configuration files
-(``compose/nats/server.conf``, ``accounts.conf``) and the credentials that
-``scripts/make_credentials.py`` makes, with three nats-server processes on loopback
-ports instead of three containers.
+"""The deployment of ``compose/`` as local processes: the very NATS configuration file
+(``compose/nats/server.conf``) and the credentials and accounts that ``reconciler
+credentials`` makes for replicas ``replica-1`` and ``replica-2`` and Incus host
+``incus-1``, with three nats-server processes on loopback ports instead of three
+containers.
 
 :func:`deployment` copies the configuration files byte for byte into a temporary
 directory (beside a ``secrets/`` directory, as in ``compose/``), starts the nodes,
@@ -59,9 +60,17 @@ BINARY = _binary()
 NODES = ("nats-1", "nats-2", "nats-3")
 
 
+#: the fleet of compose/ (docker-compose.yml, garm-provider.toml)
+REPLICAS = ("replica-1", "replica-2")
+INCUS_HOSTS = ("incus-1",)
+
+
 def make_credentials(out: Path) -> None:
+    """``reconciler credentials`` for compose's fleet, into ``out``."""
+    fleet = [arg for r in REPLICAS for arg in ("--replica", r)]
+    fleet += [arg for h in INCUS_HOSTS for arg in ("--incus-host", h)]
     subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "make_credentials.py"), "--out", str(out)],
+        [sys.executable, "-m", "reconciler.cli.main", "credentials", "--out", str(out), *fleet],
         check=True,
         capture_output=True,
     )
@@ -184,8 +193,7 @@ def deployment(workdir: Path, *, secrets: Path | None = None) -> Iterator[Deploy
         pytest.skip("no nats-server binary")
     conf = workdir / "nats"
     conf.mkdir(parents=True)
-    for name in ("server.conf", "accounts.conf"):
-        shutil.copyfile(COMPOSE / "nats" / name, conf / name)
+    shutil.copyfile(COMPOSE / "nats" / "server.conf", conf / "server.conf")
     if secrets is None:
         secrets = workdir / "secrets"
         make_credentials(secrets)

@@ -1,7 +1,7 @@
 """Helpers for the executor's tests: commands on the bus, a running executor, what Incus did.
 
 - :func:`create_cmd` / :func:`delete_cmd` build contract payloads
-  (``schemas/out/exec.*.json``); :func:`publish` puts one on the OUT stream the way the
+  (``reconciler/schemas/out/exec.*.json``); :func:`publish` puts one on the OUT stream the way the
   leader does (``Nats-Msg-Id`` = ``command_id`` unless told otherwise).
 - :func:`fast_config` is an executor configuration with test timings (ack wait 1.5 s,
   heartbeats every 0.375 s, retries from 50 ms).

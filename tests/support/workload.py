@@ -11,6 +11,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+import orjson
+
+from reconciler.bus.sending import publish
 from tests.support import builders as b
 
 Item = tuple[str, dict[str, Any]]
@@ -79,3 +83,24 @@ def mixed(commands: int, *, seed: int = 7, hosts: int = 8) -> Workload:
             command(b.admit(ids[rng.randrange(len(ids))], "cold", f"dup{n}"))
             ids.pop()
     return Workload(setup=setup, items=items, commands=ids)
+
+
+async def publish_steadily(
+    js: Any, items: list[Item], *, per_second: int, sent: list[str], retry_for_s: float = 60.0
+) -> None:
+    """Publish ``items`` in order, about ``per_second`` a second (a tenth of them every
+    100 ms), each with a deterministic ``Nats-Msg-Id`` (``in:<request_id>`` for commands,
+    ``item:<index>`` for the rest) retried through a missing stream leader; every id is
+    appended to ``sent`` once its publish was acknowledged."""
+    step = max(1, per_second // 10)
+    for start in range(0, len(items), step):
+        tick = anyio.current_time()
+        for i, (kind, payload) in enumerate(items[start : start + step]):
+            rid = payload.get("request_id")
+            msg_id = f"in:{rid}" if rid else f"item:{start + i}"
+            await publish(
+                js, b.subject_of((kind, payload)), orjson.dumps(payload),
+                msg_id=msg_id, retry_for_s=retry_for_s,
+            )  # fmt: skip
+            sent.append(msg_id)
+        await anyio.sleep(max(0.0, 0.1 - (anyio.current_time() - tick)))

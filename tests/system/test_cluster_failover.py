@@ -22,8 +22,7 @@ from pathlib import Path
 import anyio
 import orjson
 import pytest
-from nats.js import JetStreamContext, api
-from nats.js.errors import KeyNotFoundError
+from nats.js import JetStreamContext
 
 from reconciler.bus.connection import connect
 from reconciler.bus.sending import publish
@@ -31,9 +30,9 @@ from reconciler.replica.replay import replay_into
 from reconciler.store.digest import state_digest
 from reconciler.store.sqlite import Store
 from tests.support.builders import subject_of
-from tests.support.bus import BusClient
+from tests.support.bus import BusClient, leader_holder, stream_messages
 from tests.support.cluster import Deployment, Node, deployment
-from tests.support.workload import mixed
+from tests.support.workload import mixed, publish_steadily
 from tests.system.test_deployment import cli_options, reconciler
 from tests.system.test_faults import applied_seq
 
@@ -48,7 +47,7 @@ def spawn(dep: Deployment, name: str, db: Path, log: Path) -> subprocess.Popen[b
         return subprocess.Popen(
             [
                 sys.executable, "-m", "reconciler.cli.main", "run",
-                *cli_options(dep, "replica"),
+                *cli_options(dep, name),
                 "--db", str(db), "--replica", name, "--stream-replicas", "3",
                 "--leader-ttl", "2", "--status-debounce", "0.2",
                 "--log-format", "json", "--log-level", "warning",
@@ -113,26 +112,14 @@ async def test_node_kills_under_load_decide_every_command_exactly_once(tmp_path:
         kills: list[str] = []
         killed_at: list[float] = []
         try:
-            sent = 0
+            sent_ids: list[str] = []
 
             async def produce() -> None:
-                nonlocal sent
-                step = RATE // 10
-                for start in range(0, len(load.items), step):
-                    tick = anyio.current_time()
-                    for i, (kind, payload) in enumerate(load.items[start : start + step]):
-                        rid = payload.get("request_id")
-                        msg_id = f"in:{rid}" if rid else f"item:{start + i}"
-                        await publish(
-                            js, subject_of((kind, payload)), orjson.dumps(payload),
-                            msg_id=msg_id, retry_for_s=60,
-                        )  # fmt: skip
-                        sent += 1
-                    await anyio.sleep(max(0.0, 0.1 - (anyio.current_time() - tick)))
+                await publish_steadily(js, load.items, per_second=RATE, sent=sent_ids)
 
             async def kill_and_restart(node: Node, why: str) -> None:
                 await anyio.to_thread.run_sync(node.kill)
-                kills.append(f"{node.name} ({why}) at {sent} inputs sent")
+                kills.append(f"{node.name} ({why}) at {len(sent_ids)} inputs sent")
                 killed_at.append(time.time())
                 await anyio.sleep(4.0)
                 await anyio.to_thread.run_sync(node.start)
@@ -141,26 +128,16 @@ async def test_node_kills_under_load_decide_every_command_exactly_once(tmp_path:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(produce)
                 with anyio.fail_after(60):
-                    while sent < len(load.items) // 5:  # noqa: ASYNC110 - a counter
+                    while len(sent_ids) < len(load.items) // 5:  # noqa: ASYNC110 - a counter
                         await anyio.sleep(0.1)
                 info = await js.stream_info("RC_IN")
                 leader = info.cluster.leader if info.cluster else None
                 assert leader in dep.nodes, info.cluster
                 await kill_and_restart(dep.nodes[leader], "RC_IN stream leader")
                 with anyio.fail_after(60):
-                    while sent < len(load.items) // 2:  # noqa: ASYNC110 - a counter
+                    while len(sent_ids) < len(load.items) // 2:  # noqa: ASYNC110 - a counter
                         await anyio.sleep(0.1)
-                kv = await js.key_value("rc_leader")
-                holder = None
-                with anyio.fail_after(30):
-                    while holder is None:  # no key between a lapse and the next holder
-                        try:
-                            entry = await kv.get("leader")
-                            holder = orjson.loads(entry.value or b"{}").get("holder")
-                        except KeyNotFoundError:
-                            pass
-                        if holder is None:
-                            await anyio.sleep(0.2)
+                holder = await leader_holder(js, within_s=30)
                 node = await anyio.to_thread.run_sync(
                     lambda: connected_node(dep, f"reconciler-{holder}")
                 )
@@ -179,20 +156,7 @@ async def test_node_kills_under_load_decide_every_command_exactly_once(tmp_path:
         end = (await js.stream_info("RC_IN")).state.last_seq
         assert end == head, f"RC_IN went from {head} to {end} while the replicas stopped"
         # what is on RC_OUT, with the stream's own timestamps
-        sub = await js.pull_subscribe(
-            "rc.out.>",
-            stream="RC_OUT",
-            config=api.ConsumerConfig(
-                ack_policy=api.AckPolicy.NONE, deliver_policy=api.DeliverPolicy.ALL
-            ),
-        )
-        out: list[tuple[str, str | None, float]] = []
-        total = (await js.stream_info("RC_OUT")).state.messages
-        while len(out) < total:
-            for m in await sub.fetch(1000, timeout=5):
-                stamp = m.metadata.timestamp.timestamp()
-                out.append((m.subject, (m.headers or {}).get("Nats-Msg-Id"), stamp))
-        await sub.unsubscribe()
+        out = [(m.subject, m.msg_id, m.at) for m in await stream_messages(js, "RC_OUT", "rc.out.>")]
         ids = [msg_id for _, msg_id, _ in out if msg_id]
         doubles = [i for i, n in Counter(ids).items() if n > 1]
         decided = {s.rsplit(".", 1)[1] for s, _, _ in out if ".decision." in s}
@@ -211,7 +175,7 @@ async def test_node_kills_under_load_decide_every_command_exactly_once(tmp_path:
                 digests[n] = state_digest(states[n])
         await admin.close()
         print(
-            f"\nfailover: {len(load.commands)} commands ({sent} inputs) at ~{RATE}/s; "
+            f"\nfailover: {len(load.commands)} commands ({len(sent_ids)} inputs) at ~{RATE}/s; "
             f"kills: {kills}; longest gap without decisions: {gap:.2f} s "
             f"(longest gaps, and when they began after each kill: {after_kill}); "
             f"outputs {len(out)}, doubles {len(doubles)}, undecided {len(undecided)}; "

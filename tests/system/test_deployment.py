@@ -1,7 +1,7 @@
 """The secured deployment of ``compose/``, from the very files compose uses: three NATS
-nodes (``compose/nats/server.conf``), the least-privilege accounts
-(``compose/nats/accounts.conf``) and the certificates and NKeys of
-``scripts/make_credentials.py``, as local processes (see :mod:`tests.support.cluster`).
+nodes (``compose/nats/server.conf``), and the least-privilege accounts, certificates and
+NKeys that ``reconciler credentials`` makes, as local processes (see
+:mod:`tests.support.cluster`).
 
 - ``reconciler provision`` (admin) creates R3 streams, the bucket and the executor's
   consumer; a replica without stream-create permission then runs, and before that fails
@@ -75,9 +75,12 @@ def reconciler(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def replica_config(dep: Deployment, db: Path, name: str = "replica-1") -> RunConfig:
+def replica_config(
+    dep: Deployment, db: Path, name: str = "replica-1", *, user: str | None = None
+) -> RunConfig:
+    """Replica ``name``, connected as NATS user ``user`` (its own by default)."""
     return RunConfig(
-        nats=dep.options("replica"),
+        nats=dep.options(user or name),
         db=db,
         replica=name,
         leader_ttl_s=2.0,
@@ -123,8 +126,11 @@ async def test_provision_creates_r3_streams_the_bucket_and_the_executor_consumer
     done = await anyio.to_thread.run_sync(lambda: reconciler(*args, "--executor-host", "incus-1"))
     assert done.returncode == 0, done.stderr
     assert "executor-incus-1: created" in done.stdout
-    again = await anyio.to_thread.run_sync(lambda: reconciler(*args))  # idempotent
+    # idempotent; the hosts of the fleet file `reconciler credentials` wrote are the same
+    fleet = str(cluster.secrets / "fleet.json")
+    again = await anyio.to_thread.run_sync(lambda: reconciler(*args, "--incus-fleet", fleet))
     assert again.returncode == 0, again.stderr
+    assert "executor-incus-1: exists" in again.stdout
     nc = await connect(cluster.options("admin"))
     try:
         js = nc.jetstream()
@@ -140,7 +146,9 @@ async def test_a_replica_not_in_the_accounts_fails_at_once_naming_its_consumer(
     cluster: Deployment, tmp_path: Path
 ) -> None:
     started = time.monotonic()
-    config = replica_config(cluster, tmp_path / "rc.db", name="replica-9")
+    # replica-9 is not in the accounts: with replica-1's credentials it may not use its
+    # consumer (nor, as any replica, another replica's)
+    config = replica_config(cluster, tmp_path / "rc.db", name="replica-9", user="replica-1")
     with anyio.fail_after(20), pytest.raises(StartupError) as info:
         await Replica(config).run(stop=anyio.Event())
     assert "$JS.API.CONSUMER.DELETE.RC_IN.RC_IN-replica-9" in str(info.value)
@@ -209,7 +217,7 @@ async def test_each_component_works_with_its_own_permissions(
 
 
 async def test_what_a_component_may_not_do_is_refused_and_reported(cluster: Deployment) -> None:
-    names = ("bridge", "executor", "producer", "replica")
+    names = ("bridge", "executor", "producer", "replica-1")
     conns: dict[str, Client] = {n: await connect(cluster.options(n)) for n in names}
     try:
 
@@ -248,7 +256,7 @@ async def test_what_a_component_may_not_do_is_refused_and_reported(cluster: Depl
             put("producer", "rc.in.host.incus-1.inventory"),
         )  # fmt: skip
         await refused_at_once(
-            "replica", "publish rc.in.config.pool.p", put("replica", "rc.in.config.pool.p")
+            "replica", "publish rc.in.config.pool.p", put("replica-1", "rc.in.config.pool.p")
         )
 
         async def subscribe_exec() -> None:

@@ -38,7 +38,7 @@ from tests.support.repo import ROOT
 pytestmark = pytest.mark.timeout(120)
 
 FIXTURE = ROOT / "tests" / "data" / "upgrade"
-SCHEMAS = ROOT / "schemas" / "out"
+SCHEMAS = ROOT / "reconciler" / "schemas" / "out"
 INSTANCE_TYPE = "out.exec.*.create instance_type"
 
 Row = dict[str, Any]
