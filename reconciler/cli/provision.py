@@ -126,7 +126,7 @@ async def _provision(
             config = api.ConsumerConfig(
                 durable_name=durable,
                 description=f"reconciler executor of host {host}",
-                filter_subject=f"{common.prefix}.out.exec.{host}.>",
+                filter_subject=names.subjects.exec_commands(host),
                 ack_policy=api.AckPolicy.EXPLICIT,
                 ack_wait=float(_EXECUTOR_DEFAULTS["ack_wait_s"]),
                 max_deliver=-1,

@@ -5,8 +5,8 @@ time is the input message's timestamp, ids derive from the input sequence and th
 request ids, and every choice ends in a total order on names. A message at or below
 ``state.applied_seq`` is skipped, so a redelivered batch changes nothing.
 
-Outputs are encoded here, once, with sorted keys, so that folding the same stream twice
-gives the same bytes.
+Outputs are the messages of :mod:`reconciler.core.messages`, sorted-key JSON, so that
+folding the same stream twice gives the same bytes.
 """
 
 from __future__ import annotations
@@ -14,10 +14,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, get_args
 
-import orjson
-
 from reconciler.core import inputs as ev
 from reconciler.core.expiry import SECONDS_SEEN, epoch_second
+from reconciler.core.messages import (
+    UNPREFIXED,
+    ConfigRejected,
+    CreateCommand,
+    DeleteCommand,
+    DeleteReason,
+    GpuAssignment,
+    Output,
+    decision_output,
+    lease_payload,
+    victim_payload,
+)
 from reconciler.core.model import (
     CLAIMED,
     COLD,
@@ -73,9 +83,7 @@ from reconciler.core.runtime import (
     validate_overrides,
     validate_profile,
 )
-from reconciler.core.state import DecisionRecord, Effects, Output, State, Transition
-
-_DUMP_OPTS = orjson.OPT_SORT_KEYS
+from reconciler.core.state import DecisionRecord, Effects, State, Transition
 
 # Speed notes (the fold is the hot path of the live line and of replay):
 # - enum members as module constants (imported from model as ``READY`` and so on): on
@@ -95,41 +103,6 @@ _STATUS_READY = 113
 
 #: rejections that preemption may turn around (capacity, possibly on the selected host)
 _PREEMPTIBLE_REASONS = ("insufficient-capacity", "selected-host-unsuitable")
-
-
-def encode(payload: dict[str, Any]) -> bytes:
-    """Sorted-key JSON, in a bytes object of its own size.
-
-    orjson (3.12 and later) hands back its working buffer, at least 4 KiB, whatever the
-    length; a decision payload is kept for the life of its request, so it is copied to
-    its exact size (a quarter of a lease's memory otherwise).
-    """
-    return bytes(memoryview(orjson.dumps(payload, option=_DUMP_OPTS)))
-
-
-def lease_payload(lease: Lease) -> dict[str, object]:
-    """``lease.as_dict()`` with its keys, and its demand's, in sorted order: what a
-    decision carries, ready for orjson to write without sorting (a test keeps the two
-    the same). Its kind and state are the enum members themselves: orjson writes a str
-    subclass (a ``StrEnum`` member) as its string, and they compare equal to it."""
-    out: dict[str, object] = {"adopted": True} if lease.adopted else {}
-    if lease.gate_seq is not None:
-        out["awaiting_victims"] = list(lease.awaiting_victims)
-    d = lease.demand
-    out["demand"] = {"cpu": d.cpu, "disk_gib": d.disk_gib, "memory_mib": d.memory_mib}
-    out["gpus"] = list(lease.gpus)
-    out["host"] = lease.host
-    out["host_uid"] = lease.host_uid
-    out["instance"] = lease.instance
-    if lease.job is not None:
-        out["job"] = lease.job
-    out["kind"] = lease.kind
-    out["lease_id"] = lease.lease_id
-    out["pool"] = lease.pool
-    out["state"] = lease.state
-    if lease.suspect_revision is not None:
-        out["suspect"] = True
-    return out
 
 
 # ============================================================================ entry
@@ -204,7 +177,9 @@ class _Step:
     def republish(self, request_id: RequestId) -> None:
         """Answer a request id decided already: its latest decision, the same bytes."""
         record = self.state.decisions[request_id]
-        self.fx.outputs.append(Output(f"out.decision.{request_id}", record.msg_id, record.payload))
+        self.fx.outputs.append(
+            Output(UNPREFIXED.decision(request_id), record.msg_id, record.payload)
+        )
         self.note(f"request {request_id} already decided; decision re-sent")
 
     def decide(
@@ -219,32 +194,28 @@ class _Step:
         lease: Lease | None = None,
         victims: Iterable[Lease] | None = None,
     ) -> None:
-        # Built with its keys in sorted order, at every level, so that orjson can write
-        # it as it is: the bytes encode() gives, without its sort (a third of the dump).
-        payload: dict[str, Any] = {"decided_at": self.ts}
-        if detail is not None:
-            payload["detail"] = detail
-        payload["input_seq"] = self.seq
-        if lease is not None:
-            payload["lease"] = lease_payload(lease)
-        payload["outcome"] = outcome
-        payload["phase"] = phase
-        if reason is not None:
-            payload["reason"] = reason
-        payload["request_id"] = request_id
-        payload["v"] = 1
-        payload["verb"] = verb
-        if victims is not None:
-            payload["victims"] = [
-                {"host": v.host, "instance": v.instance, "lease_id": v.lease_id} for v in victims
-            ]
-        # encode(), inlined, without the sort: see above
-        data = bytes(memoryview(orjson.dumps(payload)))
+        out = decision_output(
+            request_id,
+            verb,
+            outcome,
+            phase,
+            self.seq,
+            self.ts,
+            reason,
+            detail,
+            lease_payload(lease) if lease is not None else None,
+            [victim_payload(v) for v in victims] if victims is not None else None,
+        )
         final_at = self.now if phase == "final" else None
         state = self.state
         # positional: the fields' order is request_id, verb, phase, payload, lease_id, final_at
         record = DecisionRecord(
-            request_id, verb, phase, data, lease.lease_id if lease is not None else None, final_at
+            request_id,
+            verb,
+            phase,
+            out.payload,
+            lease.lease_id if lease is not None else None,
+            final_at,
         )
         state.decisions[request_id] = record
         if final_at is not None:
@@ -256,10 +227,7 @@ class _Step:
                 state.expiry.add_decision(final_at, request_id)
         fx = self.fx
         fx.decisions.add(request_id)
-        # the msg id is record.msg_id, spelled out to spare the property call
-        fx.outputs.append(
-            Output(f"out.decision.{request_id}", f"decision:{request_id}:{phase}", data, outcome)
-        )
+        fx.outputs.append(out)
 
     def move(self, lease: Lease, to: LeaseState, event: str, **changes: Any) -> Lease:
         """Change a lease's state (or only its fields, when ``to`` is its state)."""
@@ -297,50 +265,43 @@ class _Step:
     def exec_delete(
         self,
         lease: Lease,
-        reason: str,
+        reason: DeleteReason,
         *,
         host: HostName | None = None,
         project: str | None = None,
     ) -> None:
         """Ask the executor to delete the lease's VM (an orphan: where it was seen)."""
-        where = host or lease.host
-        command_id = f"delete:{lease.lease_id}:{reason}"
-        payload = {
-            "v": 1,
-            "command_id": command_id,
-            "host": where,
-            "instance": lease.instance,
-            "project": project or lease.project,
-            "lease_id": lease.lease_id,
-            "reason": reason,
-        }
-        self.fx.outputs.append(Output(f"out.exec.{where}.delete", command_id, encode(payload)))
+        command = DeleteCommand.for_lease(
+            lease_id=lease.lease_id,
+            host=host or lease.host,
+            instance=lease.instance,
+            project=project or lease.project,
+            reason=reason,
+        )
+        self.fx.outputs.append(command.output())
 
     def exec_create(self, lease: Lease, pool: Pool, host: Host) -> None:
-        command_id = f"create:{lease.lease_id}"
         by_index = {g.index: g for g in host.gpus}
-        payload = {
-            "v": 1,
-            "command_id": command_id,
-            "host": lease.host,
-            "instance": lease.instance,
-            "project": lease.project,
-            "lease_id": lease.lease_id,
-            "pool": lease.pool,
-            "image": pool.image,
-            "profiles": list(pool.profiles),
-            "demand": lease.demand.as_dict(),
-            "gpus": [{"index": i, "pci_address": by_index[i].pci_address} for i in lease.gpus],
+        command = CreateCommand.for_lease(
+            lease_id=lease.lease_id,
+            host=lease.host,
+            instance=lease.instance,
+            project=lease.project,
+            pool=lease.pool,
+            image=pool.image,
+            profiles=pool.profiles,
+            demand=lease.demand,
+            gpus=tuple(
+                GpuAssignment(index=i, pci_address=by_index[i].pci_address) for i in lease.gpus
+            ),
             # always the pool's type, its default spelled out: the executor need not know it
-            "instance_type": (pool.instance_type or InstanceType.VIRTUAL_MACHINE).value,
-        }
-        self.fx.outputs.append(Output(f"out.exec.{lease.host}.create", command_id, encode(payload)))
+            instance_type=(pool.instance_type or InstanceType.VIRTUAL_MACHINE).value,
+        )
+        self.fx.outputs.append(command.output())
 
     def reject_config(self, kind: str, name: str, error: str) -> None:
-        payload = {"v": 1, "kind": kind, "name": name, "error": error, "input_seq": self.seq}
-        self.fx.outputs.append(
-            Output(f"out.config.rejected.{kind}.{name}", f"rejected:{self.seq}", encode(payload))
-        )
+        rejected = ConfigRejected(kind=kind, name=name, error=error, input_seq=self.seq)
+        self.fx.outputs.append(rejected.output())
         self.note(f"config {kind} {name} rejected: {error}")
 
     def release(self, lease: Lease, event: str) -> None:
@@ -1043,4 +1004,4 @@ _HANDLERS: dict[type, Any] = {
     ev.RenderRuntime: _Step.on_render_runtime,
 }
 
-__all__ = ["encode", "fold", "fold_batch", "fold_input"]
+__all__ = ["fold", "fold_batch", "fold_input"]

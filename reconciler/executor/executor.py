@@ -436,7 +436,7 @@ class Executor:
     async def _ensure_consumer(self, js: JetStreamContext, host: str, log: Any) -> None:
         config = self.config
         stream, durable = self.names.out_stream, consumer_name(host)
-        filter_subject = f"{config.prefix}.out.exec.{host}.>"
+        filter_subject = self.names.subjects.exec_commands(host)
         try:
             info = await js.consumer_info(stream, durable)
         except NotFoundError:

@@ -529,7 +529,7 @@ def _compare(
     before: _BeforeSnapshot | None = None,
 ) -> None:
     seen: set[str] = set()
-    head = outputs.head
+    relative = outputs.subjects.relative
     out_last = outputs.last or 0
     divergences = report.divergences
     compared = 0
@@ -544,11 +544,10 @@ def _compare(
                 continue  # decided before the snapshot the replay started from
         compared += 1
         seen.add(msg_id)
+        subject = relative(full_subject) or full_subject
         if expected is None:
-            subject = full_subject.removeprefix(head)
             divergences.append(Divergence("unexpected", msg_id, subject, None, data))
-        elif expected[1] != data or expected[0] != full_subject.removeprefix(head):
-            subject = full_subject.removeprefix(head)
+        elif expected[1] != data or expected[0] != subject:
             lacked = judge(subject, expected[1], data) if expected[0] == subject else None
             if lacked is None:
                 divergences.append(Divergence("mismatch", msg_id, subject, expected[1], data))

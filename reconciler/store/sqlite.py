@@ -31,6 +31,7 @@ from typing import Any
 
 import aiosqlite
 
+from reconciler.core.messages import Output
 from reconciler.core.model import (
     GpuPolicy,
     GpuProfile,
@@ -42,7 +43,7 @@ from reconciler.core.model import (
     RequestId,
     ResourceClass,
 )
-from reconciler.core.state import DecisionRecord, Effects, Output, State
+from reconciler.core.state import DecisionRecord, Effects, State
 from reconciler.store.codec import CodecError, decode, encode
 from reconciler.store.database import Database, check_worker_api, create_private
 from reconciler.store.errors import StoreError

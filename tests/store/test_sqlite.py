@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from reconciler.core.fold import fold, fold_batch
 from reconciler.core.inputs import Message
+from reconciler.core.messages import Output
 from reconciler.core.model import (
     ClassName,
     HostName,
@@ -33,7 +34,7 @@ from reconciler.core.model import (
     PoolName,
     RequestId,
 )
-from reconciler.core.state import Effects, Output, State
+from reconciler.core.state import Effects, State
 from reconciler.store import (
     SchemaTooNew,
     Store,
