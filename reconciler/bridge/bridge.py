@@ -58,7 +58,14 @@ from reconciler.core.model import Resources
 from reconciler.incus.client import IncusHost
 from reconciler.incus.errors import EventStreamLost, IncusError
 
-__all__ = ["DEFAULT_RESERVE", "Bridge", "HostBridge", "HostSettings", "settings_from_json"]
+__all__ = [
+    "DEFAULT_RESERVE",
+    "DEFAULT_RESYNC_S",
+    "Bridge",
+    "HostBridge",
+    "HostSettings",
+    "settings_from_json",
+]
 
 logger = structlog.get_logger(__name__)
 
@@ -125,6 +132,10 @@ class _Revisions:
         return revision
 
 
+#: seconds between full inventories (and snapshot checks) of a host, unless configured
+DEFAULT_RESYNC_S = 30.0
+
+
 class HostBridge:
     """One Incus host onto the bus."""
 
@@ -135,7 +146,7 @@ class HostBridge:
         js: JetStreamContext,
         prefix: str,
         settings: HostSettings,
-        resync_s: float = 30.0,
+        resync_s: float = DEFAULT_RESYNC_S,
         inventory_delay_s: float = 0.5,
         backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,

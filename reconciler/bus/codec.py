@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import jsonschema_rs
 import orjson
@@ -36,6 +36,7 @@ from reconciler.bus.schemas import SchemaSet, input_schema_path, load
 from reconciler.core.frozen import fast_init
 from reconciler.core.inputs import KINDS, DomainError, Input, from_payload
 from reconciler.core.messages import (
+    DEFAULT_PREFIX,
     DeadLetter,
     DeadLetterReason,
     Output,
@@ -113,7 +114,9 @@ class Decoder:
         }
         self._routes: dict[tuple[str, str], _Route] = {}
 
-    def decode(self, subject: str, data: bytes, *, prefix: str = "rc") -> Decoded | BadInput:
+    def decode(
+        self, subject: str, data: bytes, *, prefix: str = DEFAULT_PREFIX
+    ) -> Decoded | BadInput:
         """Decode one input message; see the module's rules. Never raises."""
         if len(data) > MAX_PAYLOAD_BYTES:
             return BadInput(
@@ -139,12 +142,27 @@ class Decoder:
             return BadInput("schema", _schema_error(exc))
         except Exception as exc:  # a validator failure is still only this message's problem
             return BadInput("schema", _clip(f"cannot validate: {type(exc).__name__}: {exc}"))
-        try:
-            return Decoded(kind, from_payload(kind, payload, subject_token=token))
-        except DomainError as exc:
-            return BadInput("domain", _clip(str(exc)))
-        except Exception as exc:  # bad input never stops the line
-            return BadInput("domain", _clip(f"{kind}: unexpected {type(exc).__name__}: {exc}"))
+        built = _typed(kind, payload, token)
+        if isinstance(built, str):
+            return BadInput("domain", built)
+        return Decoded(kind, built)
+
+    def problems(self, kind: str, payload: Any, *, subject_token: str | None = None) -> list[str]:
+        """Every reason ``payload`` is not a valid input of ``kind`` (none: it is one),
+        for a person to read before anything is published: each schema error, its field
+        as a JSON pointer path (``flavor/cpu``), else what the fold's own checks refuse
+        (what :meth:`decode` would dead-letter)."""
+        validator = self._validators.get(kind)
+        if validator is None:
+            return [f"unknown input kind {kind!r}"]
+        found = [
+            f"{'/'.join(str(p) for p in error.instance_path) or '(payload)'}: {error.message}"
+            for error in validator.iter_errors(payload)
+        ]
+        if found:
+            return found
+        built = _typed(kind, payload, subject_token)
+        return [built] if isinstance(built, str) else []
 
     def _route(self, subject: str, prefix: str) -> _Route | str:
         """Resolve a subject; good routes are cached (bounded: the cache restarts when full)."""
@@ -160,6 +178,16 @@ class Decoder:
         if isinstance(parsed, SubjectError):
             return parsed.error
         return parsed.kind, parsed.token, self._validators[parsed.kind]
+
+
+def _typed(kind: str, payload: Any, token: str | None) -> Input | str:
+    """The typed input of a schema-valid payload, or why the fold refuses it."""
+    try:
+        return from_payload(kind, payload, subject_token=token)
+    except DomainError as exc:
+        return _clip(str(exc))
+    except Exception as exc:  # bad input never stops the line
+        return _clip(f"{kind}: unexpected {type(exc).__name__}: {exc}")
 
 
 def dead_letter_output(

@@ -36,7 +36,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 
 from reconciler.bus.violations import PermissionViolation, guarded
-from reconciler.core.messages import Subjects
+from reconciler.core.messages import DEFAULT_PREFIX, Subjects
 
 __all__ = [
     "DEFAULT_DUPLICATE_WINDOW_S",
@@ -93,7 +93,7 @@ class StreamNames:
     leader_bucket: str
 
     @classmethod
-    def for_prefix(cls, prefix: str = "rc") -> StreamNames:
+    def for_prefix(cls, prefix: str = DEFAULT_PREFIX) -> StreamNames:
         subjects = Subjects(prefix)  # refuses a prefix that is not one subject token
         upper = prefix.upper()
         return cls(

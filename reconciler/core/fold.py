@@ -142,13 +142,6 @@ def fold_input(state: State, seq: int, timestamp: str, item: ev.Input, fx: Effec
     return fx
 
 
-def fold_batch(state: State, messages: Iterable[ev.Message]) -> Effects:
-    fx = Effects()
-    for message in messages:
-        fold(state, message, fx)
-    return fx
-
-
 # ============================================================================= step
 
 
@@ -1004,4 +997,4 @@ _HANDLERS: dict[type, Any] = {
     ev.RenderRuntime: _Step.on_render_runtime,
 }
 
-__all__ = ["fold", "fold_batch", "fold_input"]
+__all__ = ["fold", "fold_input"]

@@ -36,7 +36,7 @@ import orjson
 
 from reconciler.bus.schemas import SchemaSet, load
 from reconciler.core import messages
-from reconciler.core.messages import EXEC_HEAD, EXEC_VERBS, ExecSubject, ExecVerb, Subjects
+from reconciler.core.messages import EXEC_VERBS, ExecSubject, ExecVerb, Subjects
 from reconciler.incus.errors import (
     ApiRejected,
     CreateRefused,
@@ -194,12 +194,12 @@ class CommandParser:
             "command_id": command_id if isinstance(command_id, str) else None,
             "instance": instance if isinstance(instance, str) else None,
         }
-        route = Subjects(prefix).parse_output(subject)
+        subjects = Subjects(prefix)
+        route = subjects.parse_output(subject)
         if not isinstance(route, ExecSubject):
+            expected = subjects.exec_command("<host>", "create|delete")
             return Refusal(
-                reason="subject",
-                error=_clip(f"subject {subject!r} is not {prefix}.{EXEC_HEAD}<host>.create|delete"),
-                **known,
+                reason="subject", error=_clip(f"subject {subject!r} is not {expected}"), **known
             )
         subject_host, verb = route.host, route.verb
         try:

@@ -64,6 +64,7 @@ from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.consumer import Delivery, InputConsumer
 from reconciler.bus.streams import StreamNames
 from reconciler.core.compat import judge
+from reconciler.core.messages import DEFAULT_PREFIX
 from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
 from reconciler.core.state import State
 from reconciler.replica.caches import Caches, Commit, FoldFailed, fold_deliveries
@@ -127,7 +128,7 @@ class ReplayReport:
 async def replay(
     opts: ConnectOptions,
     *,
-    prefix: str = "rc",
+    prefix: str = DEFAULT_PREFIX,
     db: Path | None = None,
     batch: int = 1000,
     decision_retention_s: int | None = DEFAULT_DECISION_RETENTION_S,
@@ -153,7 +154,7 @@ async def replay(
 async def replay_into(
     nc: Client,
     *,
-    prefix: str = "rc",
+    prefix: str = DEFAULT_PREFIX,
     db: Path | None = None,
     batch: int = 1000,
     decision_retention_s: int | None = DEFAULT_DECISION_RETENTION_S,

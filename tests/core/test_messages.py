@@ -4,7 +4,10 @@ and encoded again to the very same bytes."""
 
 from __future__ import annotations
 
+import ast
 import base64
+import re
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -12,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reconciler.bus.schemas import load
 from reconciler.core.messages import (
     COMMAND_VERBS,
     CONFIG_KINDS,
@@ -60,6 +64,7 @@ from reconciler.core.model import Resources
 from reconciler.core.state import Effects
 from tests.support import builders as b
 from tests.support import workload as wl
+from tests.support.repo import ROOT
 
 TOKENS = ("h1", "pool_a", "gpu-profile-2", "r-" + "x" * 126, "A_b-9")
 BAD_TOKENS = ("", "a.b", "a b", "x" * 129, "ä", "a*", ">", "a:b")
@@ -526,3 +531,140 @@ def test_query_replies_round_trip() -> None:
     assert QueryReply.parse(b'{"ok": false}').code is None
     with pytest.raises(MessageError):
         QueryReply.parse(b"[1]")
+
+
+# ------------------------------------------------------- one home for the contract
+
+_EXPECTED_OUTPUT = {
+    "out/decision.json": DecisionSubject,
+    "out/exec.create.json": ExecSubject,
+    "out/exec.delete.json": ExecSubject,
+    "out/status.host.json": StatusSubject,
+    "out/status.pool.json": StatusSubject,
+    "out/config.rejected.json": ConfigRejectedSubject,
+    "out/dlq.json": DeadLetterSubject,
+}
+
+
+def test_the_grammar_parses_every_subject_the_schemas_name() -> None:
+    samples = {"prefix": "rc", "kind": "pool", "reason": "schema"}
+    named = 0
+    for relpath, document in sorted(load().documents.items()):
+        pattern = document.get("x-subject")
+        if not isinstance(pattern, str):
+            continue
+        named += 1
+        subject = re.sub(r"<([a-z_]+)>", lambda m: samples.get(m.group(1), "t-1"), pattern)
+        rc = Subjects("rc")
+        family, _, stem = relpath.removesuffix(".json").partition("/")
+        if family == "in":
+            token = None if stem.startswith("cmd.") else "t-1"
+            assert rc.parse_input(subject) == InputSubject(stem, token), relpath
+            assert rc.input(stem, token) == subject
+        elif family == "out":
+            assert type(rc.parse_output(subject)) is _EXPECTED_OUTPUT[relpath], relpath
+        else:
+            assert rc.parse_query(subject) == stem.rsplit(".", 1)[0], relpath
+    assert named >= len(INPUT_KINDS) + len(_EXPECTED_OUTPUT)
+
+
+_ROOT = ROOT
+#: where the contract itself lives
+_HOME = _ROOT / "reconciler" / "core" / "messages"
+#: how the contract's unprefixed subjects start
+_HEADS = (
+    "in.host.",
+    "in.config.",
+    "in.cmd.",
+    "out.decision.",
+    "out.exec.",
+    "out.status.",
+    "out.config.",
+    "out.dlq.",
+)
+#: an f-string's text right after a formatted prefix: ``f"{prefix}.in.cmd.{verb}"``
+_AFTER_PREFIX = re.compile(r"^\.(in|out|query)\.")
+#: a whole subject: ``"rc.out.decision.r1"``
+_PREFIXED = re.compile(
+    r"^[A-Za-z0-9_-]+\.(in\.(host|config|cmd)|out\.(decision|exec|status|config|dlq))\."
+)
+_ID_HEAD = re.compile(
+    r"^(decision|dlq|rejected|create|delete|observation|lifecycle|apply|in|cmd|garm|demo):"
+)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring constants of a module's tree."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            value = body[0].value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                found.add(id(value))
+    return found
+
+
+def _spelled_by_hand(path: Path) -> list[str]:
+    """Subjects, message ids and header names a module spells out itself."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = _docstrings(tree)
+    rel = path.relative_to(_ROOT).as_posix()
+    found: list[str] = []
+    in_fstrings: set[int] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.JoinedStr):
+            continue
+        texts = [v for v in node.values if isinstance(v, ast.Constant)]
+        in_fstrings.update(id(v) for v in texts)
+        for i, value in enumerate(node.values):
+            text = value.value if isinstance(value, ast.Constant) else None
+            if not isinstance(text, str):
+                continue
+            after_value = i > 0 and isinstance(node.values[i - 1], ast.FormattedValue)
+            if (after_value and _AFTER_PREFIX.match(text)) or (
+                i == 0 and (text.startswith(_HEADS) or _PREFIXED.match(text))
+            ):
+                found.append(f"{rel}:{node.lineno}: f-string subject {text!r}")
+            if i == 0 and _ID_HEAD.match(text):
+                found.append(f"{rel}:{node.lineno}: f-string message id {text!r}")
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            continue
+        if id(node) in docstrings or id(node) in in_fstrings:
+            continue
+        text = node.value
+        if text == "Nats-Msg-Id" or text.startswith(_HEADS) or _PREFIXED.match(text):
+            found.append(f"{rel}:{node.lineno}: {text!r}")
+    return sorted(found, key=lambda line: int(line.split(":")[1]))
+
+
+def test_no_module_spells_a_subject_or_a_message_id_by_hand() -> None:
+    """Every subject, message id and header name is built by reconciler.core.messages."""
+    sources = [
+        p for p in sorted((_ROOT / "reconciler").rglob("*.py")) if _HOME not in p.parents
+    ] + sorted((_ROOT / "scripts").glob("*.py"))
+    assert len(sources) > 100
+    found = [line for path in sources for line in _spelled_by_hand(path)]
+    assert found == []
+
+
+def test_the_check_finds_what_it_looks_for(tmp_path: Path) -> None:
+    module = _ROOT / "reconciler" / "_spelled.py"
+    source = (
+        '"""A docstring naming rc.out.decision.<id> and Nats-Msg-Id is fine."""\n'
+        'A = f"{prefix}.out.decision.{rid}"\n'
+        'B = {"Nats-Msg-Id": f"garm:{rid}"}\n'
+        'C = "out.dlq."\n'
+    )
+    module.write_text(source, encoding="utf-8")
+    try:
+        found = _spelled_by_hand(module)
+    finally:
+        module.unlink()
+    assert [line.split(": ", 1)[1] for line in found] == [
+        "f-string subject '.out.decision.'",
+        "f-string message id 'garm:'",
+        "'Nats-Msg-Id'",
+        "'out.dlq.'",
+    ]

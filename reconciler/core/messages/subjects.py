@@ -35,6 +35,7 @@ __all__ = [
     "DEAD_LETTER_HEAD",
     "DEAD_LETTER_REASONS",
     "DECISION_HEAD",
+    "DEFAULT_PREFIX",
     "EXEC_HEAD",
     "EXEC_VERBS",
     "HOST_INPUTS",
@@ -56,6 +57,8 @@ __all__ = [
     "is_token",
 ]
 
+#: the prefix of every subject unless configured otherwise (``--prefix``)
+DEFAULT_PREFIX: Final = "rc"
 TOKEN_PATTERN: Final = "[A-Za-z0-9_-]{1,128}"
 _TOKEN = re.compile(TOKEN_PATTERN)
 
