@@ -456,10 +456,14 @@ def test_a_malformed_decision_is_refused_by_name(data: bytes, error: str) -> Non
 
 
 def test_executor_commands_round_trip() -> None:
-    delete = DeleteCommand.for_lease(
-        lease_id="L1", host="h1", instance="vm", project="ci", reason="orphan"
+    delete = DeleteCommand(
+        command_id=delete_command_id("L1", "orphan"),
+        host="h1",
+        instance="vm",
+        project="ci",
+        lease_id="L1",
+        reason="orphan",
     )
-    assert delete.command_id == "delete:L1:orphan"
     out = delete.output()
     assert (out.subject, out.msg_id) == ("out.exec.h1.delete", "delete:L1:orphan")
     assert orjson.loads(out.payload) == {
@@ -472,7 +476,8 @@ def test_executor_commands_round_trip() -> None:
         "reason": "orphan",
     }
     assert parse_exec_command("delete", out.payload) == delete
-    create = CreateCommand.for_lease(
+    create = CreateCommand(
+        command_id=create_command_id("L2"),
         lease_id="L2",
         host="g1",
         instance="w",

@@ -13,17 +13,21 @@
 
 Rules: sorted-key JSON (:func:`~reconciler.core.messages.envelope.encode`); a create
 always names its ``instance_type`` (the pool's, its default spelled out, so the executor
-need not know it), and one read without it creates a virtual machine. The executor
-parses them after their JSON Schema (``schemas/out/exec.<verb>.json``) and adds what it
-does with them (:mod:`reconciler.executor.commands`).
+need not know it), and one read without it creates a virtual machine. The fold writes
+them through the positional :func:`delete_payload`, :func:`create_payload` and
+:func:`exec_output`, without a typed object on the way; :class:`CreateCommand` and
+:class:`DeleteCommand` encode through the same functions. The executor parses them
+after their JSON Schema (``schemas/out/exec.<verb>.json``) and adds what it does with
+them (:mod:`reconciler.executor.commands`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Literal, Self
 
+from reconciler.core.frozen import fast_init
 from reconciler.core.messages.envelope import Output, encode
 from reconciler.core.messages.fields import (
     MessageError,
@@ -34,7 +38,6 @@ from reconciler.core.messages.fields import (
     field_strs,
     json_object,
 )
-from reconciler.core.messages.ids import create_command_id, delete_command_id
 from reconciler.core.messages.subjects import UNPREFIXED, ExecVerb
 from reconciler.core.model import Resources
 
@@ -47,6 +50,9 @@ __all__ = [
     "DeleteReason",
     "ExecCommand",
     "GpuAssignment",
+    "create_payload",
+    "delete_payload",
+    "exec_output",
     "parse_exec_command",
 ]
 
@@ -56,7 +62,58 @@ DELETE_REASONS: Final[tuple[DeleteReason, ...]] = ("preempted", "drained", "orph
 DEFAULT_INSTANCE_TYPE: Final = "virtual-machine"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+def delete_payload(
+    command_id: str, host: str, instance: str, project: str, lease_id: str, reason: str
+) -> dict[str, Any]:
+    """A delete command's JSON object (positional, as the fold writes one)."""
+    return {
+        "v": 1,
+        "command_id": command_id,
+        "host": host,
+        "instance": instance,
+        "project": project,
+        "lease_id": lease_id,
+        "reason": reason,
+    }
+
+
+def create_payload(
+    command_id: str,
+    host: str,
+    instance: str,
+    project: str,
+    lease_id: str,
+    pool: str,
+    image: str,
+    profiles: Iterable[str],
+    demand: Resources,
+    gpus: Iterable[tuple[int, str]],
+    instance_type: str,
+) -> dict[str, Any]:
+    """A create command's JSON object; ``gpus`` as (index, PCI address) pairs."""
+    return {
+        "v": 1,
+        "command_id": command_id,
+        "host": host,
+        "instance": instance,
+        "project": project,
+        "lease_id": lease_id,
+        "pool": pool,
+        "image": image,
+        "profiles": list(profiles),
+        "demand": demand.as_dict(),
+        "gpus": [{"index": index, "pci_address": address} for index, address in gpus],
+        "instance_type": instance_type,
+    }
+
+
+def exec_output(verb: ExecVerb, host: str, command_id: str, payload: dict[str, Any]) -> Output:
+    """The output of an executor command: its message id is its command id."""
+    return Output(UNPREFIXED.exec_command(host, verb), command_id, encode(payload))
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
 class GpuAssignment:
     """One GPU of a create command: the fold's index and the host's PCI address."""
 
@@ -64,7 +121,7 @@ class GpuAssignment:
     pci_address: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True)
 class CommandBase:
     """What every executor command names: itself, the instance, and its lease."""
 
@@ -77,24 +134,19 @@ class CommandBase:
     verb: ClassVar[ExecVerb]
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "v": 1,
-            "command_id": self.command_id,
-            "host": self.host,
-            "instance": self.instance,
-            "project": self.project,
-            "lease_id": self.lease_id,
-        }
+        """The JSON object it travels as."""
+        raise NotImplementedError
 
     def encode(self) -> bytes:
         return encode(self.as_dict())
 
     def output(self) -> Output:
         """The output that publishes it; its message id is its command id."""
-        return Output(UNPREFIXED.exec_command(self.host, self.verb), self.command_id, self.encode())
+        return exec_output(self.verb, self.host, self.command_id, self.as_dict())
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@fast_init
+@dataclass(frozen=True, slots=True)
 class DeleteCommand(CommandBase):
     """Destroy the lease's VM; a missing one is done."""
 
@@ -102,22 +154,10 @@ class DeleteCommand(CommandBase):
 
     verb: ClassVar[Literal["delete"]] = "delete"
 
-    @classmethod
-    def for_lease(
-        cls, *, lease_id: str, host: str, instance: str, project: str, reason: DeleteReason
-    ) -> Self:
-        """The delete of a lease's VM, where it runs, with its command id."""
-        return cls(
-            command_id=delete_command_id(lease_id, reason),
-            host=host,
-            instance=instance,
-            project=project,
-            lease_id=lease_id,
-            reason=reason,
-        )
-
     def as_dict(self) -> dict[str, Any]:
-        return {**CommandBase.as_dict(self), "reason": self.reason}
+        return delete_payload(
+            self.command_id, self.host, self.instance, self.project, self.lease_id, self.reason
+        )
 
     @classmethod
     def from_dict(cls, body: Mapping[str, Any]) -> Self:
@@ -131,7 +171,8 @@ class DeleteCommand(CommandBase):
         )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@fast_init
+@dataclass(frozen=True, slots=True)
 class CreateCommand(CommandBase):
     """Create and start a warm VM for a lease."""
 
@@ -144,46 +185,20 @@ class CreateCommand(CommandBase):
 
     verb: ClassVar[Literal["create"]] = "create"
 
-    @classmethod
-    def for_lease(
-        cls,
-        *,
-        lease_id: str,
-        host: str,
-        instance: str,
-        project: str,
-        pool: str,
-        image: str,
-        profiles: tuple[str, ...],
-        demand: Resources,
-        gpus: tuple[GpuAssignment, ...],
-        instance_type: str,
-    ) -> Self:
-        """The create of a warm lease's VM, with its command id."""
-        return cls(
-            command_id=create_command_id(lease_id),
-            host=host,
-            instance=instance,
-            project=project,
-            lease_id=lease_id,
-            pool=pool,
-            image=image,
-            profiles=profiles,
-            demand=demand,
-            gpus=gpus,
-            instance_type=instance_type,
-        )
-
     def as_dict(self) -> dict[str, Any]:
-        return {
-            **CommandBase.as_dict(self),
-            "pool": self.pool,
-            "image": self.image,
-            "profiles": list(self.profiles),
-            "demand": self.demand.as_dict(),
-            "gpus": [{"index": g.index, "pci_address": g.pci_address} for g in self.gpus],
-            "instance_type": self.instance_type,
-        }
+        return create_payload(
+            self.command_id,
+            self.host,
+            self.instance,
+            self.project,
+            self.lease_id,
+            self.pool,
+            self.image,
+            self.profiles,
+            self.demand,
+            [(g.index, g.pci_address) for g in self.gpus],
+            self.instance_type,
+        )
 
     @classmethod
     def from_dict(cls, body: Mapping[str, Any]) -> Self:
