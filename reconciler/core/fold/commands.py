@@ -20,6 +20,7 @@ from reconciler.core.model import (
     DELETING,
     DRAINING,
     INJECTED,
+    RELEASED,
     RESERVED,
     VICTIM,
     WARM,
@@ -72,7 +73,7 @@ def on_admit(step: Step, cmd: ev.Admit) -> None:
         )
         return
     existing = step.state.lease_of_instance(cmd.instance)
-    if existing is not None and existing.active:
+    if existing is not None and existing.state is not RELEASED:
         step.decide(
             cmd.request_id,
             verb,
@@ -106,7 +107,7 @@ def on_admit(step: Step, cmd: ev.Admit) -> None:
     result = choose_host(step.state, pool, pool.flavor, claims, selected=cmd.host)
     if not isinstance(result, PlacementResult):
         host, gpus = result
-        lease = _reserve(step, cmd, pool, host, gpus)
+        lease = _reserve(step, cmd, verb, pool, host, gpus)
         step.decide(cmd.request_id, verb, "admitted", lease=lease)
         if lease.kind is WARM:
             step.exec_create(lease, pool, host)
@@ -122,7 +123,8 @@ def on_admit(step: Step, cmd: ev.Admit) -> None:
         )
         preemption = choose_victims(step.state, pool, pool.flavor, claims, capacity_hosts)
         if preemption is not None:
-            _preempt(step, cmd, pool, preemption.fit.host, preemption.fit.gpus, preemption.victims)
+            fit = preemption.fit
+            _preempt(step, cmd, verb, pool, fit.host, fit.gpus, preemption.victims)
             return
     step.decide(
         cmd.request_id,
@@ -153,6 +155,7 @@ def _pool_at_max(step: Step, pool: Pool, kind: LeaseKind) -> str | None:
 def _reserve(
     step: Step,
     cmd: ev.Admit,
+    verb: str,
     pool: Pool,
     host: Host,
     gpus: tuple[int, ...],
@@ -180,7 +183,7 @@ def _reserve(
         runtime_profile=basis[1],
         runtime_profile_revision=basis[2],
     )
-    step.create(lease, cmd.verb)
+    step.create(lease, verb)
     if cmd.job is not None:
         step.state.jobs[cmd.job] = lease.lease_id
     return lease
@@ -189,6 +192,7 @@ def _reserve(
 def _preempt(
     step: Step,
     cmd: ev.Admit,
+    verb: str,
     pool: Pool,
     host: Host,
     gpus: tuple[int, ...],
@@ -198,10 +202,10 @@ def _preempt(
         marked = step.move(victim, VICTIM, "preempted", victim_of=cmd.request_id)
         step.exec_delete(marked, "preempted")
     gate = tuple(v.lease_id for v in victims)
-    lease = _reserve(step, cmd, pool, host, gpus, gate=gate)
+    lease = _reserve(step, cmd, verb, pool, host, gpus, gate=gate)
     held, held_gpus = held_by(step, gate)
     lease = step.move(lease, lease.state, "victims-held", held=held, held_gpus=held_gpus)
-    step.decide(cmd.request_id, cmd.verb, "pending", phase="pending", lease=lease, victims=victims)
+    step.decide(cmd.request_id, verb, "pending", phase="pending", lease=lease, victims=victims)
 
 
 def on_claim_warm(step: Step, cmd: ev.ClaimWarm) -> None:
@@ -246,7 +250,7 @@ def on_claim_warm(step: Step, cmd: ev.ClaimWarm) -> None:
 def on_drain(step: Step, cmd: ev.AuthorizeWarmDrain) -> None:
     verb = cmd.verb
     lease = step.state.lease_of_instance(cmd.instance)
-    if lease is None or not lease.active:
+    if lease is None or lease.state is RELEASED:
         step.decide(cmd.request_id, verb, "refused", reason="unknown-instance")
         return
     reason = _drain_refusal(lease)
@@ -267,7 +271,7 @@ def on_drain(step: Step, cmd: ev.AuthorizeWarmDrain) -> None:
 
 def on_mark_created(step: Step, cmd: ev.MarkCreated) -> None:
     lease = step.state.lease_of_instance(cmd.instance)
-    if lease is None or not lease.active:
+    if lease is None or lease.state is RELEASED:
         step.decide(
             cmd.request_id,
             cmd.verb,
@@ -276,10 +280,14 @@ def on_mark_created(step: Step, cmd: ev.MarkCreated) -> None:
             detail="admission must precede every mutation",
         )
         return
-    if lease.state is RESERVED and not lease.gated:
+    if lease.state is RESERVED and lease.gate_seq is None:
         lease = step.move(lease, CREATED, cmd.verb)
     elif lease.state is not CREATED:
-        detail = "launch gate still shut" if lease.gated else f"lease is {lease.state.value}"
+        detail = (
+            "launch gate still shut"
+            if lease.gate_seq is not None
+            else f"lease is {lease.state.value}"
+        )
         step.decide(
             cmd.request_id, cmd.verb, "error", reason="wrong-state", lease=lease, detail=detail
         )
@@ -289,7 +297,7 @@ def on_mark_created(step: Step, cmd: ev.MarkCreated) -> None:
 
 def on_mark_injected(step: Step, cmd: ev.MarkWarmInjected) -> None:
     lease = step.state.lease_of_instance(cmd.instance)
-    if lease is None or not lease.active:
+    if lease is None or lease.state is RELEASED:
         step.decide(cmd.request_id, cmd.verb, "error", reason="no-lease")
         return
     if lease.state not in (CLAIMED, INJECTED):
@@ -312,7 +320,7 @@ def on_mark_injected(step: Step, cmd: ev.MarkWarmInjected) -> None:
 
 def on_mark_deleting(step: Step, cmd: ev.MarkDeleting) -> None:
     lease = step.state.lease_of_instance(cmd.instance)
-    if lease is not None and lease.active and lease.state is not DELETING:
+    if lease is not None and lease.state is not RELEASED and lease.state is not DELETING:
         lease = step.move(lease, DELETING, cmd.verb)
     step.decide(cmd.request_id, cmd.verb, "ok", lease=lease)
 
@@ -328,7 +336,7 @@ def on_release(step: Step, cmd: ev.Release) -> None:
 def on_render_runtime(step: Step, cmd: ev.RenderRuntime) -> None:
     lease = step.state.lease_of_instance(cmd.instance)
     host = step.state.hosts.get(lease.host) if lease is not None else None
-    if lease is None or not lease.active or host is None:
+    if lease is None or lease.state is RELEASED or host is None:
         step.decide(cmd.request_id, cmd.verb, "error", reason="no-lease")
         return
     gpu_rev, profile, profile_rev = runtime_basis(step.state, host)

@@ -31,9 +31,9 @@ __all__ = ["check_gates", "held_by", "release"]
 
 def release(step: Step, lease: Lease, event: str) -> None:
     """Release a lease (idempotent) and let any launch gate waiting on it move."""
-    if not lease.active:
+    if lease.state is RELEASED:
         return
-    if lease.gated and lease.awaiting_victims:
+    if lease.gate_seq is not None and lease.awaiting_victims:
         # Its victims still run: keep booking their room until they are gone, so
         # nothing else can be admitted onto capacity that is not free yet.
         if lease.state is not DELETING:
@@ -57,7 +57,7 @@ def release(step: Step, lease: Lease, event: str) -> None:
 def _victim_gone(step: Step, victim: Lease) -> None:
     record = step.state.decisions.get(victim.victim_of) if victim.victim_of else None
     pending = step.state.leases.get(record.lease_id) if record and record.lease_id else None
-    if pending is None or not pending.gated:
+    if pending is None or pending.gate_seq is None:
         return
     remaining = tuple(v for v in pending.awaiting_victims if v != victim.lease_id)
     held, held_gpus = held_by(step, remaining)

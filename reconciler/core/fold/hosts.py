@@ -24,6 +24,7 @@ from reconciler.core.model import (
     COLD,
     CREATED,
     READY,
+    RELEASED,
     RESERVED,
     TAG_JOB,
     TAG_KIND,
@@ -118,7 +119,7 @@ def on_inventory(step: Step, inv: ev.HostInventory) -> None:
     pci = old.gpu_by_pci()
     for inst in inv.instances:
         lease = step.state.lease_of_instance(inst.name)
-        if lease is not None and lease.active and lease.host == inv.host:
+        if lease is not None and lease.state is not RELEASED and lease.host == inv.host:
             seen.add(lease.lease_id)
             _observed(step, lease, inst)
             continue
@@ -129,7 +130,7 @@ def on_inventory(step: Step, inv: ev.HostInventory) -> None:
                 adopted_id = LeaseId(f"A{step.seq}-{len(seen)}")
                 seen.add(_adopt(step, inv, inst, adopted_id, pci))
                 continue
-            if known is not None and not known.active and known.instance == inst.name:
+            if known is not None and known.state is RELEASED and known.instance == inst.name:
                 step.exec_delete(known, "orphan", host=inv.host, project=inst.project)
                 step.note(f"{inst.name} on {inv.host} carries released lease {tagged}")
         foreign = foreign + inst.resources
@@ -159,7 +160,7 @@ def on_inventory(step: Step, inv: ev.HostInventory) -> None:
 
 
 def _observed(step: Step, lease: Lease, inst: ev.ObservedInstance) -> None:
-    if (lease.state is RESERVED or lease.state is CREATED) and not lease.gated:
+    if (lease.state is RESERVED or lease.state is CREATED) and lease.gate_seq is None:
         if lease.kind is WARM and inst.status_code == _STATUS_READY:
             # The guest said ready and Incus remembers it: the same as instance-ready,
             # whose event the bridge may have missed (it is not sent again)
@@ -220,7 +221,7 @@ def _lease_here(step: Step, host: HostName, instance: str | None, project: str) 
     if instance is None:
         return None
     lease = step.state.lease_of_instance(instance)
-    if lease is None or not lease.active or lease.host != host or lease.project != project:
+    if lease is None or lease.state is RELEASED or lease.host != host or lease.project != project:
         return None
     return lease
 
@@ -232,7 +233,7 @@ def on_lifecycle(step: Step, event: ev.Lifecycle) -> None:
         return
     action = event.action
     if action == "instance-created":
-        if lease.state is RESERVED and not lease.gated:
+        if lease.state is RESERVED and lease.gate_seq is None:
             step.move(lease, CREATED, action)
     elif action in ("instance-ready", "instance-agent-started"):
         if (
@@ -242,7 +243,7 @@ def on_lifecycle(step: Step, event: ev.Lifecycle) -> None:
                 RESERVED,
                 CREATED,
             )
-            and not lease.gated
+            and lease.gate_seq is None
         ):
             step.move(lease, READY, action, ready_seq=step.seq)
     elif action == "instance-deleted":
@@ -253,7 +254,7 @@ def on_lifecycle(step: Step, event: ev.Lifecycle) -> None:
 
 def on_observation(step: Step, obs: ev.Observation) -> None:
     lease = step.state.lease_of_instance(obs.instance)
-    if lease is None or not lease.active or lease.host != obs.host:
+    if lease is None or lease.state is RELEASED or lease.host != obs.host:
         step.note(f"observation of {obs.instance}: no active lease on {obs.host}")
         return
     if lease.suspect_revision is None:

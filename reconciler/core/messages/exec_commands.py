@@ -38,7 +38,7 @@ from reconciler.core.messages.fields import (
     field_strs,
     json_object,
 )
-from reconciler.core.messages.subjects import UNPREFIXED, ExecVerb
+from reconciler.core.messages.subjects import ExecVerb
 from reconciler.core.model import Resources
 
 __all__ = [
@@ -109,7 +109,8 @@ def create_payload(
 
 def exec_output(verb: ExecVerb, host: str, command_id: str, payload: dict[str, Any]) -> Output:
     """The output of an executor command: its message id is its command id."""
-    return Output(UNPREFIXED.exec_command(host, verb), command_id, encode(payload))
+    # the subject spelled out: UNPREFIXED.exec_command(host, verb), without the call
+    return Output(f"out.exec.{host}.{verb}", command_id, encode(payload))
 
 
 @fast_init
