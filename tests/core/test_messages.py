@@ -200,6 +200,7 @@ def test_a_prefix_is_one_token(prefix: str) -> None:
 def test_wildcards_and_prefixing() -> None:
     p = Subjects("p")
     assert (p.inputs, p.outputs, p.decisions) == ("p.in.>", "p.out.>", "p.out.decision.>")
+    assert (p.host_inputs, p.commands, p.any_query) == ("p.in.host.>", "p.in.cmd.>", "p.query.>")
     assert p.exec_commands("h1") == "p.out.exec.h1.>"
     assert (p.config_rejections, p.dead_letters) == ("p.out.config.rejected.>", "p.out.dlq.>")
     assert (p.queries, p.query_group) == ("p.query.*", "p-query")

@@ -225,6 +225,16 @@ class Subjects:
         return f"{self._head}out.>"
 
     @property
+    def host_inputs(self) -> str:
+        """``in.host.>``: every host's snapshots, inventories, events and observations."""
+        return f"{self._head}in.host.>"
+
+    @property
+    def commands(self) -> str:
+        """``in.cmd.>``: every command."""
+        return f"{self._head}in.cmd.>"
+
+    @property
     def decisions(self) -> str:
         """``out.decision.>``: every decision."""
         return f"{self._head}out.decision.>"
@@ -247,6 +257,11 @@ class Subjects:
     def queries(self) -> str:
         """``query.*``: every query (what a replica answers)."""
         return f"{self._head}query.*"
+
+    @property
+    def any_query(self) -> str:
+        """``query.>``: every query subject, at any depth (a permission's pattern)."""
+        return f"{self._head}query.>"
 
     @property
     def query_group(self) -> str:
