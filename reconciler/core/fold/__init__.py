@@ -42,10 +42,10 @@ __all__ = ["fold", "fold_input"]
 #   and kinds several times per input;
 # - enum values as ``str(member)``: the lease enums are ``StrEnum``s, whose ``str()`` is
 #   their value (Python's documented ``StrEnum.__str__``), a C call where ``.value`` is
-#   a Python-level descriptor (about 6 times slower).
+#   a Python-level descriptor (about 6 times slower);
 # - a lease's ``active`` and ``gated`` spelled out (``lease.state is not RELEASED``,
-#   ``lease.gate_seq is not None``), and an admission's verb read once (``Admit.verb`` is
-#   a property): each is a Python-level call, and the fold asks them of most inputs;
+#   ``lease.gate_seq is not None``), and an admission's verb (``Admit.verb``) too: each
+#   is a property, a Python-level call, and the fold asks them of most inputs;
 # - decisions and executor commands written by the positional builders of
 #   :mod:`reconciler.core.messages`, without a typed message on the way.
 

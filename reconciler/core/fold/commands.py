@@ -61,7 +61,8 @@ _PREEMPTIBLE_REASONS = ("insufficient-capacity", "selected-host-unsuitable")
 
 
 def on_admit(step: Step, cmd: ev.Admit) -> None:
-    verb = cmd.verb
+    # cmd.verb, without the property's call (most inputs are admissions)
+    verb = "admit-preemptible" if cmd.preemptible else "admit"
     pool = step.state.pools.get(cmd.pool)
     if pool is None:
         step.decide(
