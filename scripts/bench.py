@@ -114,7 +114,6 @@ import nats
 import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext, api
 from nats.js.errors import FetchTimeoutError
@@ -125,8 +124,15 @@ sys.path.insert(0, str(ROOT))
 from reconciler.bus.codec import BadInput, Decoder  # noqa: E402
 from reconciler.bus.streams import StreamNames, ensure_streams  # noqa: E402
 from reconciler.cli.logs import configure_logging  # noqa: E402
+from reconciler.client import ReconcilerClient  # noqa: E402
 from reconciler.core.fold import fold  # noqa: E402
 from reconciler.core.inputs import Message  # noqa: E402
+from reconciler.core.messages import (  # noqa: E402
+    DECISION_HEAD,
+    MSG_ID,
+    Origin,
+    command_msg_id,
+)
 from reconciler.core.model import JobId, LeaseState, PoolName  # noqa: E402
 from reconciler.core.state import State  # noqa: E402
 from tests.support import builders as b  # noqa: E402
@@ -312,7 +318,9 @@ class Input:
 
     @property
     def headers(self) -> dict[str, str] | None:
-        return {"Nats-Msg-Id": f"in:{self.request_id}"} if self.request_id else None
+        if self.request_id is None:
+            return None
+        return {MSG_ID: command_msg_id(Origin.LEADER, self.request_id)}
 
 
 @dataclass(slots=True)
@@ -781,13 +789,8 @@ async def count_subject(js: JetStreamContext, stream: str, subject: str) -> int:
 
 
 async def health(nc: Client, prefix: str) -> dict[str, Any] | None:
-    try:
-        reply = await nc.request(f"{prefix}.query.health", b"{}", timeout=1.0)
-    except (NatsTimeoutError, NoRespondersError, TimeoutError):
-        return None
-    body = orjson.loads(reply.data)
-    result = body.get("result") if body.get("ok") else None
-    return result if isinstance(result, dict) else None
+    """A replica's ``health`` (the producer's client), or ``None`` when none answers."""
+    return await ReconcilerClient(nc, prefix=prefix, origin=Origin.LEADER).health()
 
 
 async def wait_until(
@@ -940,7 +943,8 @@ async def io_floor(ctx: Context, names: StreamNames, *, total: int, durable: str
             done.set_result(None)
 
     answers = await nc.subscribe(f"{inbox}.*", cb=on_answer)
-    subject = f"{names.prefix}.out.floor.{durable}"
+    # a subject of the OUT stream that is no output of the contract: the floor's own
+    subject = names.subjects.absolute(f"out.floor.{durable}")
     try:
         got = 0
         started = time.perf_counter()
@@ -959,7 +963,7 @@ async def io_floor(ctx: Context, names: StreamNames, *, total: int, durable: str
                     f"{subject}.{i}",
                     msg.data,
                     reply=f"{inbox}.{i}",
-                    headers={"Nats-Msg-Id": f"floor:{durable}:{i}"},
+                    headers={MSG_ID: f"floor:{durable}:{i}"},
                 )
             if state["answers"] < state["want"]:
                 await asyncio.wait_for(state["done"], timeout=30)
@@ -1017,7 +1021,7 @@ async def throughput_phase(ctx: Context) -> dict[str, Any]:
         await ctx.nc.subscribe(
             f"$JS.API.CONSUMER.MSG.NEXT.{names.in_stream}.{proc.durable}", cb=on_fetch
         ),
-        await ctx.nc.subscribe(f"{names.prefix}.out.decision.{commands[-1]}", cb=on_decision),
+        await ctx.nc.subscribe(names.subjects.decision(commands[-1]), cb=on_decision),
     ]
     await ctx.nc.flush()
     profiler: PySpy | None = None
@@ -1052,8 +1056,8 @@ async def throughput_phase(ctx: Context) -> dict[str, Any]:
             f"nats-server {cpu[2] / seconds:.0%}; µs an input: {per_input_us})"
         )
         await wait_applied(ctx, proc, total, within_s=30)
-        decisions = await count_subject(js, names.out_stream, f"{names.prefix}.out.decision.>")
-        dead = await count_subject(js, names.out_stream, f"{names.prefix}.out.dlq.>")
+        decisions = await count_subject(js, names.out_stream, names.subjects.decisions)
+        dead = await count_subject(js, names.out_stream, names.subjects.dead_letters)
     if decisions != len(commands) or dead:
         raise BenchError(
             f"OUT stream holds {decisions} decisions for {len(commands)} commands "
@@ -1111,7 +1115,7 @@ async def measure_latency(
     await publish_all(js, preload, within_s=60 + len(preload) / 1000)
     arrivals: dict[str, float] = {}
     sent: dict[str, float] = {}
-    head = f"{names.prefix}.out.decision."
+    head = names.subjects.absolute(DECISION_HEAD)  # what each decision's subject starts with
 
     async def on_decision(msg: Msg) -> None:
         arrivals.setdefault(msg.subject[len(head) :], time.perf_counter())
@@ -1120,7 +1124,7 @@ async def measure_latency(
     profiler: PySpy | None = None
     async with running(proc):
         await wait_applied(ctx, proc, len(preload), within_s=60 + len(preload) / 500)
-        sub = await ctx.nc.subscribe(f"{head}>", cb=on_decision)
+        sub = await ctx.nc.subscribe(names.subjects.decisions, cb=on_decision)
         await ctx.nc.flush()
         if held:
             await asyncio.sleep(2.0)  # the leader's first status round begins
@@ -1213,9 +1217,7 @@ async def rss_phase(ctx: Context) -> dict[str, Any]:
         await wait_applied(ctx, proc, len(load.setup), within_s=60)
         await asyncio.sleep(1.0)
         idle = proc.memory_mib()
-        sub = await ctx.nc.subscribe(
-            f"{names.prefix}.out.decision.{load.commands[-1]}", cb=on_decision
-        )
+        sub = await ctx.nc.subscribe(names.subjects.decision(load.commands[-1]), cb=on_decision)
         await ctx.nc.flush()
         log(f"rss: idle {idle}; publishing {len(load.items)} admissions")
         await publish_all(js, load.items, within_s=120 + len(load.items) / 500)

@@ -39,7 +39,6 @@ Rules:
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -54,11 +53,19 @@ from nats.js.errors import NotFoundError
 from reconciler.bus.sending import PayloadTooLarge, publish
 from reconciler.bus.streams import StreamNames
 from reconciler.bus.violations import PermissionViolation
+from reconciler.core.messages import Subjects, lifecycle_msg_id
 from reconciler.core.model import Resources
 from reconciler.incus.client import IncusHost
 from reconciler.incus.errors import EventStreamLost, IncusError
 
-__all__ = ["DEFAULT_RESERVE", "Bridge", "HostBridge", "HostSettings", "settings_from_json"]
+__all__ = [
+    "DEFAULT_RESERVE",
+    "DEFAULT_RESYNC_S",
+    "Bridge",
+    "HostBridge",
+    "HostSettings",
+    "settings_from_json",
+]
 
 logger = structlog.get_logger(__name__)
 
@@ -125,6 +132,10 @@ class _Revisions:
         return revision
 
 
+#: seconds between full inventories (and snapshot checks) of a host, unless configured
+DEFAULT_RESYNC_S = 30.0
+
+
 class HostBridge:
     """One Incus host onto the bus."""
 
@@ -135,7 +146,7 @@ class HostBridge:
         js: JetStreamContext,
         prefix: str,
         settings: HostSettings,
-        resync_s: float = 30.0,
+        resync_s: float = DEFAULT_RESYNC_S,
         inventory_delay_s: float = 0.5,
         backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
@@ -146,6 +157,7 @@ class HostBridge:
         self.host = incus.name
         self.js = js
         self.prefix = prefix
+        self.subjects = Subjects(prefix)
         self.settings = settings
         self.resync_s = resync_s
         self.inventory_delay_s = inventory_delay_s
@@ -171,7 +183,7 @@ class HostBridge:
         self._log = logger.bind(host=self.host)
 
     def subject(self, kind: str) -> str:
-        return f"{self.prefix}.in.host.{self.host}.{kind}"
+        return self.subjects.host_input(self.host, kind)
 
     async def run(self) -> None:
         """Watch the host until cancelled, reconnecting with backoff."""
@@ -272,8 +284,7 @@ class HostBridge:
         if not action.startswith("instance-"):
             return
         body = orjson.dumps({"v": 1, "host": self.host, "event": event})
-        digest = hashlib.sha256(body).hexdigest()[:32]
-        msg_id = f"lifecycle:{digest}"
+        msg_id = lifecycle_msg_id(body)
         delay = self.backoff_s
         while True:  # until stored: the same id makes a retry after a lost ack harmless
             try:

@@ -29,6 +29,7 @@ import orjson
 
 import reconciler
 from reconciler.bus.schemas import load
+from reconciler.core.messages import DEFAULT_PREFIX
 
 __all__ = ["SCHEMA_FORMAT", "asyncapi_document", "main"]
 
@@ -70,7 +71,7 @@ def _rewrite(node: Any, relpath: str) -> Any:
 
 
 def _address(subject: str) -> tuple[str, list[str]]:
-    address = subject.replace("<prefix>", "rc")
+    address = subject.replace("<prefix>", DEFAULT_PREFIX)
     return _TOKEN.sub(r"{\1}", address), _TOKEN.findall(address)
 
 

@@ -15,21 +15,19 @@ Rules:
   4. ``domain``: :func:`reconciler.core.inputs.from_payload` refused it (a subject token
      that disagrees with the payload, a repeated GPU index…).
 
-- Validators are compiled once per schema directory, on first use (or by :func:`preload`
-  at start-up); a missing or broken schema directory raises
+- A :class:`Decoder` compiles the validators of one schema directory when it is made; a
+  missing or broken schema directory raises
   :class:`~reconciler.bus.schemas.SchemaLoadError` — a deployment error, never bad input.
-- :func:`dead_letter` builds what to publish for a bad input: the subject
-  ``<prefix>.out.dlq.<reason>``, the ``Nats-Msg-Id`` ``dlq:<stream_seq>`` and the payload
-  ``{v, subject, stream_seq, error, payload_b64}``, the original payload cut at 64 KiB.
+- :func:`dead_letter_output` builds what to publish for a bad input: a
+  :class:`~reconciler.core.messages.DeadLetter` on ``<prefix>.out.dlq.<reason>``.
 """
 
 from __future__ import annotations
 
-import base64
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import jsonschema_rs
 import orjson
@@ -37,31 +35,26 @@ import orjson
 from reconciler.bus.schemas import SchemaSet, input_schema_path, load
 from reconciler.core.frozen import fast_init
 from reconciler.core.inputs import KINDS, DomainError, Input, from_payload
-from reconciler.core.state import Output
+from reconciler.core.messages import (
+    DEFAULT_PREFIX,
+    DeadLetter,
+    DeadLetterReason,
+    Output,
+    SubjectError,
+    Subjects,
+)
+from reconciler.core.messages import clip as _clip
 
 __all__ = [
-    "DLQ_PAYLOAD_CUT",
     "MAX_PAYLOAD_BYTES",
-    "REASONS",
     "BadInput",
     "Decoded",
     "Decoder",
-    "Reason",
-    "dead_letter",
     "dead_letter_output",
-    "decode",
-    "preload",
 ]
 
 MAX_PAYLOAD_BYTES: Final = 1_048_576
-DLQ_PAYLOAD_CUT: Final = 65_536
-#: error texts are clipped to this many characters (a schema error may quote the payload)
-MAX_ERROR_CHARS: Final = 1_024
 
-Reason = Literal["decode", "schema", "too-large", "domain"]
-REASONS: Final[tuple[Reason, ...]] = ("decode", "schema", "too-large", "domain")
-
-_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _JSON_TYPE = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 _ROUTE_CACHE_MAX = 16_384
@@ -81,12 +74,8 @@ class Decoded:
 class BadInput:
     """A bad input: the dead-letter reason and a sentence that says what is wrong."""
 
-    reason: Reason
+    reason: DeadLetterReason
     error: str
-
-
-def _clip(text: str) -> str:
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
 
 
 def _field_path(parts: list[str | int]) -> str:
@@ -125,7 +114,9 @@ class Decoder:
         }
         self._routes: dict[tuple[str, str], _Route] = {}
 
-    def decode(self, subject: str, data: bytes, *, prefix: str = "rc") -> Decoded | BadInput:
+    def decode(
+        self, subject: str, data: bytes, *, prefix: str = DEFAULT_PREFIX
+    ) -> Decoded | BadInput:
         """Decode one input message; see the module's rules. Never raises."""
         if len(data) > MAX_PAYLOAD_BYTES:
             return BadInput(
@@ -151,12 +142,27 @@ class Decoder:
             return BadInput("schema", _schema_error(exc))
         except Exception as exc:  # a validator failure is still only this message's problem
             return BadInput("schema", _clip(f"cannot validate: {type(exc).__name__}: {exc}"))
-        try:
-            return Decoded(kind, from_payload(kind, payload, subject_token=token))
-        except DomainError as exc:
-            return BadInput("domain", _clip(str(exc)))
-        except Exception as exc:  # bad input never stops the line
-            return BadInput("domain", _clip(f"{kind}: unexpected {type(exc).__name__}: {exc}"))
+        built = _typed(kind, payload, token)
+        if isinstance(built, str):
+            return BadInput("domain", built)
+        return Decoded(kind, built)
+
+    def problems(self, kind: str, payload: Any, *, subject_token: str | None = None) -> list[str]:
+        """Every reason ``payload`` is not a valid input of ``kind`` (none: it is one),
+        for a person to read before anything is published: each schema error, its field
+        as a JSON pointer path (``flavor/cpu``), else what the fold's own checks refuse
+        (what :meth:`decode` would dead-letter)."""
+        validator = self._validators.get(kind)
+        if validator is None:
+            return [f"unknown input kind {kind!r}"]
+        found = [
+            f"{'/'.join(str(p) for p in error.instance_path) or '(payload)'}: {error.message}"
+            for error in validator.iter_errors(payload)
+        ]
+        if found:
+            return found
+        built = _typed(kind, payload, subject_token)
+        return [built] if isinstance(built, str) else []
 
     def _route(self, subject: str, prefix: str) -> _Route | str:
         """Resolve a subject; good routes are cached (bounded: the cache restarts when full)."""
@@ -168,77 +174,27 @@ class Decoder:
         return route
 
     def _resolve(self, subject: str, prefix: str) -> _Route | str:
-        head = f"{prefix}.in."
-        shown = _clip(repr(subject))
-        if not subject.startswith(head):
-            return f"subject {shown} is not under {head}"
-        parts = subject[len(head) :].split(".")
-        token: str | None
-        if len(parts) == 2 and parts[0] == "cmd":
-            kind, token = f"cmd.{parts[1]}", None
-        elif len(parts) == 3 and parts[0] == "host":
-            kind, token = f"host.{parts[2]}", parts[1]
-        elif len(parts) == 3 and parts[0] == "config":
-            kind, token = f"config.{parts[1]}", parts[2]
-        else:
-            return (
-                f"subject {shown} is not {head}host.<host>.<kind>, "
-                f"{head}config.<kind>.<name> or {head}cmd.<verb>"
-            )
-        validator = self._validators.get(kind)
-        if validator is None:
-            return f"subject {shown}: unknown input kind {kind!r}"
-        if token is not None and not _TOKEN.fullmatch(token):
-            return f"subject {shown}: {token!r} is not a subject token of [A-Za-z0-9_-]{{1,128}}"
-        return kind, token, validator
+        parsed = Subjects(prefix).parse_input(subject)
+        if isinstance(parsed, SubjectError):
+            return parsed.error
+        return parsed.kind, parsed.token, self._validators[parsed.kind]
 
 
-_default: Decoder | None = None
-
-
-def preload(*, schemas_dir: Path | None = None) -> Decoder:
-    """Compile the default decoder's validators now (at start-up), and return it."""
-    global _default
-    _default = Decoder(schemas_dir=schemas_dir)
-    return _default
-
-
-def decode(subject: str, data: bytes, *, prefix: str = "rc") -> Decoded | BadInput:
-    """Decode one input message with the default decoder (``$RC_SCHEMAS_DIR`` or ``schemas/``)."""
-    decoder = _default if _default is not None else preload()
-    return decoder.decode(subject, data, prefix=prefix)
+def _typed(kind: str, payload: Any, token: str | None) -> Input | str:
+    """The typed input of a schema-valid payload, or why the fold refuses it."""
+    try:
+        return from_payload(kind, payload, subject_token=token)
+    except DomainError as exc:
+        return _clip(str(exc))
+    except Exception as exc:  # bad input never stops the line
+        return _clip(f"{kind}: unexpected {type(exc).__name__}: {exc}")
 
 
 def dead_letter_output(
-    subject: str, stream_seq: int, data: bytes, reason: Reason, error: str
+    subject: str, stream_seq: int, data: bytes, reason: DeadLetterReason, error: str
 ) -> Output:
     """The output (subject without prefix, as the fold's) that dead-letters one input."""
-    if reason not in REASONS:
-        raise ValueError(f"unknown dead-letter reason {reason!r}")
-    payload: dict[str, Any] = {
-        "v": 1,
-        "subject": subject,
-        "stream_seq": stream_seq,
-        "error": _clip(error),
-        "payload_b64": base64.b64encode(data[:DLQ_PAYLOAD_CUT]).decode("ascii"),
-    }
-    return Output(
-        f"out.dlq.{reason}",
-        f"dlq:{stream_seq}",
-        orjson.dumps(payload, option=orjson.OPT_SORT_KEYS),
+    letter = DeadLetter.of(
+        reason=reason, subject=subject, stream_seq=stream_seq, error=error, data=data
     )
-
-
-def dead_letter(
-    subject: str,
-    stream_seq: int,
-    data: bytes,
-    reason: Reason,
-    error: str,
-    *,
-    prefix: str = "rc",
-) -> tuple[str, str, bytes]:
-    """The ``(subject, Nats-Msg-Id, payload)`` that dead-letters one input message."""
-    out = dead_letter_output(subject, stream_seq, data, reason, error)
-    assert out.msg_id is not None
-    return f"{prefix}.{out.subject}", out.msg_id, out.payload
+    return letter.output()

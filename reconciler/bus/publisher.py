@@ -34,10 +34,9 @@ from nats.aio.client import Client
 
 from reconciler.bus.direct import DirectSubscription, status_of, subscribe_direct
 from reconciler.bus.wire import Wire, supported
+from reconciler.core.messages import MSG_ID, Subjects
 
 __all__ = ["Ack", "OutputPublisher", "PublishError", "Publishable", "Round", "publish_outputs"]
-
-MSG_ID = "Nats-Msg-Id"
 
 
 class PublishError(Exception):
@@ -135,6 +134,7 @@ class OutputPublisher:
     def __init__(self, nc: Client, *, prefix: str) -> None:
         self.nc = nc
         self.prefix = prefix
+        self.subjects = Subjects(prefix)
         self._inbox = ""
         self._sub: DirectSubscription | None = None
         self._numbers = itertools.count()
@@ -185,13 +185,17 @@ class OutputPublisher:
             if self._wire:
                 # the whole round as one pending command and one flush (bus/wire.py)
                 lines = Wire(self.nc)
-                prefix, inbox, pending, tokens = self.prefix, self._inbox, self._pending, []
+                absolute, inbox, pending, tokens = (
+                    self.subjects.absolute,
+                    self._inbox,
+                    self._pending,
+                    [],
+                )
                 for index, out in enumerate(outputs):
                     token = str(next(self._numbers))
                     tokens.append(token)
                     pending[token] = (round_, index)
-                    subject = f"{prefix}.{out.subject}"
-                    lines.add(subject, out.payload, f"{inbox}.{token}", out.msg_id)
+                    lines.add(absolute(out.subject), out.payload, f"{inbox}.{token}", out.msg_id)
                 round_.tokens = tokens
                 await lines.send(self.nc)
                 return round_
@@ -201,7 +205,7 @@ class OutputPublisher:
                 self._pending[token] = (round_, index)
                 headers = {MSG_ID: out.msg_id} if out.msg_id is not None else None
                 await self.nc.publish(
-                    f"{self.prefix}.{out.subject}",
+                    self.subjects.absolute(out.subject),
                     out.payload,
                     reply=f"{self._inbox}.{token}",
                     headers=headers,

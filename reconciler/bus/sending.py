@@ -30,6 +30,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import NoStreamResponseError
 
 from reconciler.bus.violations import guarded
+from reconciler.core.messages import MSG_ID
 
 __all__ = ["PayloadTooLarge", "check_size", "encoded_size", "publish"]
 
@@ -81,7 +82,7 @@ async def publish(
     nc: Client = js._nc  # nats-py keeps the context's client there
     sent = dict(headers or {})
     if msg_id is not None:
-        sent["Nats-Msg-Id"] = msg_id
+        sent[MSG_ID] = msg_id
     check_size(nc, subject, payload, sent)
     delay = 0.05
     deadline = anyio.current_time() + retry_for_s

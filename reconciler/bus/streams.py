@@ -27,7 +27,6 @@ Rules:
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -37,6 +36,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 
 from reconciler.bus.violations import PermissionViolation, guarded
+from reconciler.core.messages import DEFAULT_PREFIX, Subjects
 
 __all__ = [
     "DEFAULT_DUPLICATE_WINDOW_S",
@@ -55,7 +55,6 @@ DEFAULT_DUPLICATE_WINDOW_S = 600.0
 DEFAULT_LEADER_TTL_S = 10.0
 LEADER_KEY = "leader"
 
-_PREFIX = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _STREAM_NAME_IN_USE = 10058  # "stream name already in use with a different configuration"
 _KV_DUPLICATE_WINDOW_MAX_S = 120.0  # what nats-py gives a KV bucket's stream
 
@@ -94,18 +93,22 @@ class StreamNames:
     leader_bucket: str
 
     @classmethod
-    def for_prefix(cls, prefix: str = "rc") -> StreamNames:
-        if not _PREFIX.fullmatch(prefix):
-            raise ValueError(f"prefix must be one subject token [A-Za-z0-9_-]{{1,128}}: {prefix!r}")
+    def for_prefix(cls, prefix: str = DEFAULT_PREFIX) -> StreamNames:
+        subjects = Subjects(prefix)  # refuses a prefix that is not one subject token
         upper = prefix.upper()
         return cls(
             prefix=prefix,
             in_stream=f"{upper}_IN",
-            in_subjects=f"{prefix}.in.>",
+            in_subjects=subjects.inputs,
             out_stream=f"{upper}_OUT",
-            out_subjects=f"{prefix}.out.>",
+            out_subjects=subjects.outputs,
             leader_bucket=f"{prefix}_leader",
         )
+
+    @property
+    def subjects(self) -> Subjects:
+        """The contract's subjects under this prefix."""
+        return Subjects(self.prefix)
 
     @property
     def leader_stream(self) -> str:

@@ -24,10 +24,13 @@ from typing import Any
 from nats import errors
 from nats.aio.client import Client
 
+from reconciler.core.messages import MSG_ID
+
 __all__ = ["LazyFlush", "Wire", "supported"]
 
 _INVALID_SUBJECT = re.compile(r"[ \t\r\n]")
 _HEADER_LINE = b"NATS/1.0\r\n"
+_MSG_ID = f"{MSG_ID}: ".encode()
 
 
 def supported(nc: Client) -> bool:
@@ -65,7 +68,7 @@ class Wire:
             self._parts.append(line.encode())
         else:
             value = msg_id.strip().replace("\r", " ").replace("\n", " ")
-            header = b"%sNats-Msg-Id: %s\r\n\r\n" % (_HEADER_LINE, value.encode())
+            header = b"%s%s%s\r\n\r\n" % (_HEADER_LINE, _MSG_ID, value.encode())
             head = len(header)
             self._parts.append(f"HPUB {subject} {reply} {head} {head + size}\r\n".encode())
             self._parts.append(header)

@@ -16,18 +16,12 @@ or an unreachable server.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import anyio
 import click
-import orjson
 import yaml
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import NoStreamResponseError
 
-from reconciler.bus.streams import StreamNames
 from reconciler.cli.oneshot import (
     connect_once,
     connect_timeout_option,
@@ -36,10 +30,12 @@ from reconciler.cli.oneshot import (
     oneshot_log_options,
 )
 from reconciler.cli.options import bus_options, common_from
+from reconciler.client import NoStream, ReconcilerClient
+from reconciler.core.messages import CONFIG_KINDS, Origin, Subjects
 
 __all__ = ["ConfigItem", "apply_cmd", "read_items"]
 
-KINDS = ("pool", "class", "gpu-profile", "gpu-policy")
+KINDS = CONFIG_KINDS
 _NAME_FIELD = {"pool": "pool", "class": "class", "gpu-profile": "name", "gpu-policy": "name"}
 
 
@@ -50,11 +46,7 @@ class ConfigItem:
         self.kind, self.name, self.payload = kind, name, payload
 
     def subject(self, prefix: str) -> str:
-        return f"{prefix}.in.config.{self.kind}.{self.name}"
-
-    def msg_id(self) -> str:
-        digest = hashlib.sha256(orjson.dumps(self.payload, option=orjson.OPT_SORT_KEYS))
-        return f"apply:{self.kind}:{self.name}:{digest.hexdigest()[:24]}"
+        return Subjects(prefix).config_input(self.kind, self.name)
 
 
 def _kind_of(item: dict[str, Any]) -> str | None:
@@ -166,64 +158,36 @@ def apply_cmd(file: Any, wait: float, dry_run: bool, connect_timeout: float, **k
 async def _publish(
     nats: Any, prefix: str, items: list[ConfigItem], wait: float, connect_timeout: float
 ) -> int:
-    names = StreamNames.for_prefix(prefix)
     nc = await connect_once(nats, connect_timeout)
     try:
-        js = nc.jetstream()
-        rejections = await nc.subscribe(f"{prefix}.out.config.rejected.>")
-        last_seq = 0
-        ours: set[int] = set()
-        for item in items:
-            try:
-                ack = await js.publish(
-                    item.subject(prefix),
-                    orjson.dumps(item.payload),
-                    headers={"Nats-Msg-Id": item.msg_id()},
+        client = ReconcilerClient(nc, prefix=prefix, origin=Origin.CLI)
+        async with client.config_rejections() as rejections:
+            last_seq = 0
+            ours: set[int] = set()
+            for item in items:
+                try:
+                    ack = await client.publish_config(item.kind, item.name, item.payload)
+                except NoStream as exc:
+                    raise missing_stream(exc.stream, prefix) from None
+                same = "  (unchanged: already on the stream)" if ack.duplicate else ""
+                click.echo(f"published {ack.subject} as input {ack.seq}{same}")
+                last_seq = max(last_seq, ack.seq)
+                ours.add(ack.seq)
+            if wait == 0:
+                return 0
+            folded = await client.wait_applied(last_seq, within_s=wait)
+            if not folded:
+                click.echo(
+                    f"not yet folded by a replica within {wait:g} s (--wait): rejections, if "
+                    f"any, will be on {client.subjects.config_rejections}",
+                    err=True,
                 )
-            except (NoStreamResponseError, NoRespondersError):
-                raise missing_stream(names.in_stream, prefix) from None
-            same = "  (unchanged: already on the stream)" if ack.duplicate else ""
-            click.echo(f"published {item.subject(prefix)} as input {ack.seq}{same}")
-            last_seq = max(last_seq, ack.seq)
-            ours.add(ack.seq)
-        if wait == 0:
-            return 0
-        folded = await _wait_folded(nc, prefix, last_seq, wait)
-        if not folded:
-            click.echo(
-                f"not yet folded by a replica within {wait:g} s (--wait): rejections, if any, "
-                f"will be on {prefix}.out.config.rejected.>",
-                err=True,
+            # the leader publishes after it commits: give its rejections a moment to arrive
+            found = await rejections.of(ours, within_s=0.5 if folded else 0)
+        for rejected in found:
+            click.secho(
+                f"rejected {rejected.kind} {rejected.name}: {rejected.error}", fg="red", err=True
             )
-        # the leader publishes after it commits: give its rejections a moment to arrive
-        rejected = 0
-        with anyio.move_on_after(0.5 if folded else 0):
-            while True:
-                msg = await rejections.next_msg(timeout=None)
-                body = orjson.loads(msg.data)
-                if int(body.get("input_seq", 0)) in ours:
-                    rejected += 1
-                    click.secho(
-                        f"rejected {body.get('kind')} {body.get('name')}: {body.get('error')}",
-                        fg="red",
-                        err=True,
-                    )
-        return rejected
+        return len(found)
     finally:
         await nc.close()
-
-
-async def _wait_folded(nc: Any, prefix: str, seq: int, wait: float) -> bool:
-    """Whether a replica reports (``health``) having applied input ``seq`` within ``wait``."""
-    with anyio.move_on_after(wait):
-        while True:
-            try:
-                msg = await nc.request(f"{prefix}.query.health", b"{}", timeout=1.0)
-                reply = orjson.loads(msg.data)
-                result = reply.get("result") or {}
-                if reply.get("ok") and int(result.get("applied_seq") or 0) >= seq:
-                    return True
-            except (NoRespondersError, NatsTimeoutError, orjson.JSONDecodeError):
-                pass
-            await anyio.sleep(0.2)
-    return False

@@ -110,7 +110,7 @@ async def _from_bus(
                 raise missing_stream(stream, prefix) from None
         for lease, events in timelines:
             decided = [
-                await _all(js, names.out_stream, f"{prefix}.out.decision.{rid}")
+                await _all(js, names.out_stream, names.subjects.decision(rid))
                 for rid in request_ids[lease.lease_id]
             ]
             if any(decided):
@@ -119,7 +119,7 @@ async def _from_bus(
                 for phases in decided:
                     for _, body in phases:
                         events[int(body["input_seq"])].append({"type": "decision", **body})
-            commands = await _all(js, names.out_stream, f"{prefix}.out.exec.{lease.host}.*")
+            commands = await _all(js, names.out_stream, names.subjects.exec_commands(lease.host))
             for out_seq, body in commands:
                 if body.get("lease_id") == lease.lease_id:
                     verb = "delete" if "reason" in body else "create"

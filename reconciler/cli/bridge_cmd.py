@@ -9,7 +9,13 @@ import anyio
 import click
 import orjson
 
-from reconciler.bridge.bridge import Bridge, HostBridge, HostSettings, settings_from_json
+from reconciler.bridge.bridge import (
+    DEFAULT_RESYNC_S,
+    Bridge,
+    HostBridge,
+    HostSettings,
+    settings_from_json,
+)
 from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.streams import StreamNames, ensure_streams
 from reconciler.cli.options import (
@@ -47,7 +53,7 @@ __all__ = ["bridge"]
     envvar="RC_RESYNC_INTERVAL",
     show_envvar=True,
     type=click.FloatRange(min=0, min_open=True),
-    default=30.0,
+    default=DEFAULT_RESYNC_S,
     show_default=True,
     help="Seconds between full inventories (and snapshot checks) of every host.",
 )

@@ -38,7 +38,20 @@ from nats.aio.msg import Msg
 from reconciler.bridge.bridge import Bridge, HostBridge, settings_from_json
 from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.embedded import embedded_nats
-from reconciler.core.model import PoolName, Resources
+from reconciler.client import NoDecision, ReconcilerClient
+from reconciler.core.messages import (
+    DEFAULT_PREFIX,
+    MSG_ID,
+    DeadLetterSubject,
+    DecidedLease,
+    Decision,
+    DecisionSubject,
+    ExecSubject,
+    Origin,
+    StatusSubject,
+    Subjects,
+)
+from reconciler.core.model import PoolName
 from reconciler.core.state import State
 from reconciler.executor.executor import Executor, ExecutorConfig
 from reconciler.incus.client import IncusEndpoint, IncusHost
@@ -85,10 +98,12 @@ def _res(cpu: int, memory_mib: int, disk_gib: int) -> dict[str, int]:
     return {"cpu": cpu, "memory_mib": memory_mib, "disk_gib": disk_gib}
 
 
-CONFIG: tuple[tuple[str, str, dict[str, Any]], ...] = (
+#: the operators' configuration: (what it is, its kind, its name, its payload)
+CONFIG: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     (
         "GPU profile 'compute': exclusive-process, persistence on, 300 W",
-        "config.gpu-profile.compute",
+        "gpu-profile",
+        "compute",
         {
             "v": 1,
             "name": "compute",
@@ -104,7 +119,8 @@ CONFIG: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ),
     (
         "resource class 'l40s': one NVIDIA L40S",
-        "config.class.l40s",
+        "class",
+        "l40s",
         {
             "v": 1,
             "class": "l40s",
@@ -114,7 +130,8 @@ CONFIG: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ),
     (
         "pool 'linux': 4 vCPUs, keep 2 warm VMs ready (at most 3)",
-        "config.pool.linux",
+        "pool",
+        "linux",
         {
             "v": 1,
             "pool": "linux",
@@ -132,7 +149,8 @@ CONFIG: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ),
     (
         "pool 'ml': 8 vCPUs and a claim of 2 GPUs, spread",
-        "config.pool.ml",
+        "pool",
+        "ml",
         {
             "v": 1,
             "pool": "ml",
@@ -191,12 +209,11 @@ class _Say:
         click.echo(f"    decision {body['verb']} {body['request_id']} → ", nl=False)
         click.secho(f"{phase}{body['outcome']}{why}{where}{gpus}{preempts}", fg=color)
 
-    def command(self, subject: str, body: dict[str, Any]) -> None:
+    def command(self, verb: str, body: dict[str, Any]) -> None:
         if self.echo:
             what = body.get("reason", "create")
             click.secho(
-                f"    executor command: {subject.rsplit('.', 1)[1]} {body['instance']} "
-                f"on {body['host']} ({what})",
+                f"    executor command: {verb} {body['instance']} on {body['host']} ({what})",
                 fg="magenta",
             )
 
@@ -211,31 +228,31 @@ class _Watch:
     def __init__(self, say: _Say, summary: Summary, prefix: str) -> None:
         self.say = say
         self.summary = summary
-        self.prefix = prefix
+        self.subjects = Subjects(prefix)
         self.decisions: dict[str, dict[str, Any]] = {}
         self.pools: dict[str, dict[str, Any]] = {}
         self.seen: set[str] = set()
         self.changed = anyio.Event()
 
     async def on_output(self, msg: Msg) -> None:
-        msg_id = (msg.headers or {}).get("Nats-Msg-Id")
+        msg_id = (msg.headers or {}).get(MSG_ID)
         if msg_id is not None:
             if msg_id in self.seen:
                 return  # published again (the stream stored it once; core subscribers see both)
             self.seen.add(msg_id)
-        subject = msg.subject.removeprefix(f"{self.prefix}.")
+        route = self.subjects.parse_output(msg.subject)
         body = orjson.loads(msg.data)
-        if subject.startswith("out.decision."):
+        if isinstance(route, DecisionSubject):
             self.decisions[body["request_id"]] = body
             self.summary.decisions.append(body)
             self.say.decision(body)
-        elif subject.startswith("out.exec."):
-            self.summary.commands[subject.rsplit(".", 1)[1]] += 1
-            self.say.command(subject, body)
-        elif subject.startswith("out.dlq."):
+        elif isinstance(route, ExecSubject):
+            self.summary.commands[route.verb] += 1
+            self.say.command(route.verb, body)
+        elif isinstance(route, DeadLetterSubject):
             self.summary.dead_letters.append(body)
             self.say.dead_letter(body)
-        elif subject.startswith("out.status.pool."):
+        elif isinstance(route, StatusSubject) and route.kind == "pool":
             self.pools[body["pool"]] = body
         self.changed.set()
         self.changed = anyio.Event()
@@ -249,53 +266,64 @@ class _Watch:
         except TimeoutError:
             raise click.ClickException(f"the demo waited {within_s} s for {what}") from None
 
-    async def decided(self, request_id: str, phase: str = "final") -> dict[str, Any]:
-        await self.until(
-            f"the decision of {request_id}",
-            lambda: self.decisions.get(request_id, {}).get("phase") == phase,
-        )
-        return self.decisions[request_id]
+
+class Driver:
+    """Plays the operators and GARM through the producer's client: configuration,
+    commands (each awaited to its decision) and bad input."""
+
+    def __init__(self, nc: Client, prefix: str) -> None:
+        self.client = ReconcilerClient(nc, prefix=prefix, origin=Origin.DEMO)
+
+    async def configure(self, kind: str, name: str, payload: dict[str, Any]) -> None:
+        subject = self.client.subjects.config_input(kind, name)
+        await self.client.publish_input(subject, orjson.dumps(payload))
+
+    async def command(
+        self, verb: str, request_id: str, *, first: bool = False, **fields: Any
+    ) -> Decision:
+        """The command's final decision (with ``first``: its first one)."""
+        payload = {"v": 1, "request_id": request_id, **fields}
+        try:
+            return await self.client.command(verb, payload, within_s=30, first=first)
+        except NoDecision as exc:
+            raise click.ClickException(
+                f"the demo waited {exc.within_s:g} s for the decision of {request_id}"
+            ) from None
+
+    async def bad_input(self, verb: str, payload: dict[str, Any] | bytes) -> None:
+        """A command the reconciler will dead-letter, published as it is."""
+        if isinstance(payload, dict):
+            await self.client.send(verb, payload)
+        else:
+            await self.client.publish_input(self.client.subjects.command(verb), payload)
 
 
-class _Driver:
-    """Plays the operators and GARM: publishes inputs, creates and deletes cold VMs."""
+class _Driver(Driver):
+    """The story's driver: also creates and deletes cold VMs, as GARM would."""
 
-    def __init__(self, nc: Client, watch: _Watch, garm: dict[str, IncusHost], prefix: str):
-        self.js = nc.jetstream()
-        self.watch = watch
+    def __init__(self, nc: Client, garm: dict[str, IncusHost], prefix: str) -> None:
+        super().__init__(nc, prefix)
         self.garm = garm
-        self.prefix = prefix
 
-    async def publish(self, subject: str, payload: dict[str, Any] | bytes) -> int:
-        data = payload if isinstance(payload, bytes) else orjson.dumps(payload)
-        rid = payload.get("request_id") if isinstance(payload, dict) else None
-        headers = {"Nats-Msg-Id": f"demo:{rid}"} if rid else None
-        ack = await self.js.publish(f"{self.prefix}.in.{subject}", data, headers=headers)
-        return int(ack.seq)
-
-    async def command(self, verb: str, request_id: str, **fields: Any) -> dict[str, Any]:
-        await self.publish(f"cmd.{verb}", {"v": 1, "request_id": request_id, **fields})
-        return await self.watch.decided(request_id)
-
-    async def admit(self, request_id: str, pool: str, instance: str, **fields: Any) -> Any:
+    async def admit(self, request_id: str, pool: str, instance: str, **fields: Any) -> Decision:
         fields.setdefault("kind", "cold")
-        body = await self.command("admit", request_id, pool=pool, instance=instance, **fields)
-        if body["outcome"] == "admitted":
-            await self.garm_creates(body["lease"])
-        return body
+        decision = await self.command("admit", request_id, pool=pool, instance=instance, **fields)
+        if decision.outcome == "admitted" and decision.lease is not None:
+            await self.garm_creates(decision.lease)
+        return decision
 
-    async def garm_creates(self, lease: dict[str, Any]) -> None:
+    async def garm_creates(self, lease: DecidedLease) -> None:
         """What GARM's provider does after an admission: create and start the VM."""
-        host = self.garm[lease["host"]]
+        host = self.garm[lease.host]
         spec = InstanceSpec.for_lease(
-            name=lease["instance"],
+            name=lease.instance,
             image=IMAGE,
-            lease_id=lease["lease_id"],
-            pool=lease["pool"],
-            kind=lease["kind"],
-            job=lease.get("job"),
+            lease_id=lease.lease_id,
+            pool=lease.pool,
+            kind=lease.kind,
+            job=lease.job,
             project=PROJECT,
-            demand=Resources(**lease["demand"]),
+            demand=lease.demand,
         )
         await host.create_instance(spec)
         await host.start_instance(spec.name, project=PROJECT)
@@ -309,7 +337,7 @@ async def run_demo(
     *,
     nats_url: str | None = None,
     echo: bool = True,
-    prefix: str = "rc",
+    prefix: str = DEFAULT_PREFIX,
     boot_delay_s: float = 0.5,
 ) -> Summary:
     """Run the story; see the module's docstring."""
@@ -381,8 +409,8 @@ async def _story(
             ]
         )
         watch = _Watch(say, summary, prefix)
-        await nc.subscribe(f"{prefix}.out.>", cb=watch.on_output)
-        driver = _Driver(nc, watch, garm, prefix)
+        await nc.subscribe(watch.subjects.outputs, cb=watch.on_output)
+        driver = _Driver(nc, garm, prefix)
         await _tell(
             functools.partial(_chapters, driver, watch, replica, say),
             nc=nc,
@@ -497,8 +525,8 @@ async def _chapters(driver: _Driver, watch: _Watch, replica: Replica, say: _Say)
         )
 
     say.step("Operators configure a GPU profile, a resource class and two pools")
-    for title, subject, payload in CONFIG:
-        await driver.publish(subject, payload)
+    for title, kind, config_name, payload in CONFIG:
+        await driver.configure(kind, config_name, payload)
         say.note(title)
 
     say.step("The leader tops the warm pool up; the executor boots the VMs")
@@ -508,7 +536,8 @@ async def _chapters(driver: _Driver, watch: _Watch, replica: Replica, say: _Say)
     say.step("Job 1001 claims a warm VM (again: the same VM), and GARM injects its runner")
     claim = await driver.command("claim-warm", "claim-1001", pool="linux", job="job-1001")
     await driver.command("claim-warm", "claim-1001-retry", pool="linux", job="job-1001")
-    instance = claim["lease"]["instance"]
+    assert claim.lease is not None
+    instance = claim.lease.instance
     await driver.command("mark-warm-injected", "inject-1001", job="job-1001", instance=instance)
     await watch.until("the pool refilled", lambda: _ready(replica, "linux") >= 2)
     say.note("the pool is short of one: the leader tops it up again")
@@ -523,26 +552,23 @@ async def _chapters(driver: _Driver, watch: _Watch, replica: Replica, say: _Say)
     while True:
         n += 1
         body = await driver.admit(f"cold-{n}", "linux", f"cold-{n}", job=f"job-{2000 + n}")
-        if body["outcome"] != "admitted" or n >= 8:
+        if body.outcome != "admitted" or n >= 8:
             break
 
     say.step("A cold job that fits nowhere evicts an idle warm VM (admit-preemptible)")
-    await driver.publish(
-        "cmd.admit-preemptible",
-        {"v": 1, "request_id": "urgent-1", "pool": "linux", "instance": "urgent-1", "kind": "cold"},
-    )
-    await watch.until("a decision on urgent-1", lambda: "urgent-1" in watch.decisions)
-    if watch.decisions["urgent-1"]["phase"] == "pending":
+    urgent: dict[str, Any] = {"pool": "linux", "instance": "urgent-1", "kind": "cold"}
+    first = await driver.command("admit-preemptible", "urgent-1", first=True, **urgent)
+    if not first.final:
         say.note("the executor deletes the victim; the bridge reports it gone and re-inventories")
-    final = await watch.decided("urgent-1")
-    if final["outcome"] == "admitted":
+    final = await driver.command("admit-preemptible", "urgent-1", **urgent)
+    if final.outcome == "admitted" and final.lease is not None:
         say.note("the launch gate opened only on a fresh inventory proving the room")
-        await driver.garm_creates(final["lease"])
+        await driver.garm_creates(final.lease)
 
     say.step("Bad inputs are dead-lettered; the line goes on")
-    await driver.publish("cmd.admit", b"{not json")
-    await driver.publish(
-        "cmd.admit",
+    await driver.bad_input("admit", b"{not json")
+    await driver.bad_input(
+        "admit",
         {"v": 1, "request_id": "evil", "pool": "linux", "instance": "../etc", "kind": "cold"},
     )
     await watch.until("two dead letters", lambda: len(watch.summary.dead_letters) >= 2)

@@ -26,12 +26,12 @@ from typing import Any
 
 import anyio
 import click
-import orjson
 
 from reconciler.bridge.bridge import Bridge, HostBridge, settings_from_json
 from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.embedded import embedded_nats
 from reconciler.cli.demo import (
+    Driver,
     Summary,
     _ready,
     _replica_and_executor,
@@ -41,7 +41,8 @@ from reconciler.cli.demo import (
     _Watch,
 )
 from reconciler.cli.local_incus import LocalIncus, start_local_incus, unavailable
-from reconciler.core.model import HostName, Resources
+from reconciler.core.messages import DEFAULT_PREFIX
+from reconciler.core.model import HostName
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.views import InstanceSpec
 from reconciler.replica.runtime import Replica
@@ -68,7 +69,7 @@ def _pool(image: str) -> dict[str, Any]:
 
 
 async def run_real_demo(
-    db: Path, *, nats_url: str | None = None, echo: bool = True, prefix: str = "rc"
+    db: Path, *, nats_url: str | None = None, echo: bool = True, prefix: str = DEFAULT_PREFIX
 ) -> Summary:
     """Run the story on a private local Incus; see the module's docstring."""
     reason = unavailable()
@@ -112,19 +113,10 @@ async def _story(
             incus=bridge_host, js=js, prefix=prefix, settings=settings["*"], inventory_delay_s=0.2
         )
         watch = _Watch(say, summary, prefix)
-        await nc.subscribe(f"{prefix}.out.>", cb=watch.on_output)
-
-        async def command(verb: str, request_id: str, **fields: Any) -> dict[str, Any]:
-            body = {"v": 1, "request_id": request_id, **fields}
-            await js.publish(
-                f"{prefix}.in.cmd.{verb}",
-                _json(body),
-                headers={"Nats-Msg-Id": f"demo:{request_id}"},
-            )
-            return await watch.decided(request_id)
-
+        await nc.subscribe(watch.subjects.outputs, cb=watch.on_output)
+        driver = Driver(nc, prefix)
         await _tell(
-            functools.partial(_chapters, daemon, js, prefix, command, garm, watch, replica, say),
+            functools.partial(_chapters, daemon, driver, garm, watch, replica, say),
             nc=nc,
             prefix=prefix,
             parts=(replica, executor, Bridge([bridge])),
@@ -139,15 +131,9 @@ async def _story(
             await garm.aclose()
 
 
-def _json(body: dict[str, Any]) -> bytes:
-    return orjson.dumps(body)
-
-
 async def _chapters(
     daemon: LocalIncus,
-    js: Any,
-    prefix: str,
-    command: Any,
+    driver: Driver,
     garm: IncusHost,
     watch: _Watch,
     replica: Replica,
@@ -159,7 +145,7 @@ async def _chapters(
     say.note(f"{HOST}: {a.cpu} vCPU, {a.memory_mib} MiB, {a.disk_gib} GiB allocatable")
 
     say.step("An operator configures pool 'ci': busybox containers, keep 2 warm")
-    await js.publish(f"{prefix}.in.config.pool.{POOL}", _json(_pool(daemon.image)))
+    await driver.configure("pool", POOL, _pool(daemon.image))
 
     say.step("The leader tops the warm pool up; the executor creates and starts containers")
     await watch.until("two warm containers ready", lambda: _ready(replica, POOL) >= 2, within_s=60)
@@ -167,34 +153,32 @@ async def _chapters(
         say.note(f"{inst['name']}: {inst['type']}, status {inst['status']} (the guest said ready)")
 
     say.step("Job 1 claims a warm container; it runs, ends and GARM deletes it")
-    claim = await command("claim-warm", "claim-job-1", pool=POOL, job="job-1")
-    name = claim["lease"]["instance"]
-    say.note(f"claimed {name} at input seq {claim['input_seq']}")
-    await command("mark-warm-injected", "inject-job-1", job="job-1", instance=name)
+    claim = await driver.command("claim-warm", "claim-job-1", pool=POOL, job="job-1")
+    assert claim.lease is not None
+    name = claim.lease.instance
+    say.note(f"claimed {name} at input seq {claim.input_seq}")
+    await driver.command("mark-warm-injected", "inject-job-1", job="job-1", instance=name)
     await garm.destroy_instance(name, project=PROJECT)
     await watch.until("the pool refilled", lambda: _ready(replica, POOL) >= 2, within_s=60)
     say.note("instance-deleted released the lease; the leader refilled the pool")
 
     say.step("A cold job that fits nowhere evicts an idle warm container (admit-preemptible)")
-    body = {"v": 1, "request_id": "urgent-1", "pool": POOL, "instance": "urgent-1", "kind": "cold"}
-    await js.publish(
-        f"{prefix}.in.cmd.admit-preemptible", _json(body), headers={"Nats-Msg-Id": "demo:urgent-1"}
-    )
-    pending = await watch.decided("urgent-1", phase="pending")
-    victims = [v["instance"] for v in pending.get("victims") or ()]
-    say.note(f"pending at input seq {pending['input_seq']}: victims {victims}")
-    final = await watch.decided("urgent-1")
-    say.note(f"{final['outcome']} at input seq {final['input_seq']}, after the victim was gone")
-    if final["outcome"] == "admitted":
-        lease = final["lease"]
+    urgent: dict[str, Any] = {"pool": POOL, "instance": "urgent-1", "kind": "cold"}
+    pending = await driver.command("admit-preemptible", "urgent-1", first=True, **urgent)
+    victims = [v.instance for v in pending.victims or ()]
+    say.note(f"{pending.phase} at input seq {pending.input_seq}: victims {victims}")
+    final = await driver.command("admit-preemptible", "urgent-1", **urgent)
+    say.note(f"{final.outcome} at input seq {final.input_seq}, after the victim was gone")
+    if final.outcome == "admitted" and final.lease is not None:
+        lease = final.lease
         spec = InstanceSpec.for_lease(
-            name=lease["instance"],
+            name=lease.instance,
             image=daemon.image,
-            lease_id=lease["lease_id"],
-            pool=lease["pool"],
-            kind=lease["kind"],
+            lease_id=lease.lease_id,
+            pool=lease.pool,
+            kind=lease.kind,
             project=PROJECT,
-            demand=Resources(**lease["demand"]),
+            demand=lease.demand,
             instance_type="container",
         )
         await garm.create_instance(spec)

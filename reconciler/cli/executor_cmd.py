@@ -29,6 +29,7 @@ import click
 from reconciler.cli.options import (
     bus_options,
     common_from,
+    config_default,
     incus_from,
     incus_options,
     load_endpoints,
@@ -36,7 +37,7 @@ from reconciler.cli.options import (
     parse_verify,
 )
 from reconciler.cli.signals import run_until_signalled
-from reconciler.executor.executor import DEFAULT_RETENTION_S, Executor, ExecutorConfig
+from reconciler.executor.executor import Executor, ExecutorConfig
 from reconciler.store.errors import StoreError
 
 __all__ = ["executor", "load_endpoints", "parse_verify", "run_executor"]
@@ -55,7 +56,7 @@ def _own(name: str, *dest: str, **kwargs: Any) -> Callable[[F], F]:
 @_own("host", "only_hosts", multiple=True, help="Manage only this host of the fleet; repeatable.")
 @_own(
     "storage-pool",
-    default="default",
+    default=config_default(ExecutorConfig, "storage_pool"),
     show_default=True,
     help="Storage pool of the root disk of created VMs.",
 )
@@ -63,63 +64,63 @@ def _own(name: str, *dest: str, **kwargs: Any) -> Callable[[F], F]:
 @_own(
     "db",
     type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("executor.db"),
+    default=config_default(ExecutorConfig, "db"),
     show_default=True,
     help="SQLite file of finished command ids.",
 )
 @_own(
     "workers",
     type=click.IntRange(min=1),
-    default=4,
+    default=config_default(ExecutorConfig, "workers"),
     show_default=True,
     help="Instances of each host worked on at once.",
 )
 @_own(
     "ack-wait",
     type=click.FloatRange(min=1),
-    default=120.0,
+    default=config_default(ExecutorConfig, "ack_wait_s"),
     show_default=True,
     help="Seconds JetStream waits for an ack (held commands send in_progress 4 times as often).",
 )
 @_own(
     "max-in-hand",
     type=click.IntRange(min=1),
-    default=64,
+    default=config_default(ExecutorConfig, "max_in_hand"),
     show_default=True,
     help="Commands held per host at most (the consumer's max_ack_pending).",
 )
 @_own(
     "retry-base",
     type=click.FloatRange(min=0, min_open=True),
-    default=1.0,
+    default=config_default(ExecutorConfig, "retry_base_s"),
     show_default=True,
     help="Seconds before the first retry of a failed command; doubles per failure.",
 )
 @_own(
     "retry-cap",
     type=click.FloatRange(min=0, min_open=True),
-    default=60.0,
+    default=config_default(ExecutorConfig, "retry_cap_s"),
     show_default=True,
     help="Longest wait between retries.",
 )
 @_own(
     "max-attempts",
     type=click.IntRange(min=1),
-    default=10,
+    default=config_default(ExecutorConfig, "max_attempts"),
     show_default=True,
     help="Attempts of a command whose failure may pass (unreachable hosts are retried forever).",
 )
 @_own(
     "retention",
     type=click.FloatRange(min=0, min_open=True),
-    default=DEFAULT_RETENTION_S,
+    default=config_default(ExecutorConfig, "retention_s"),
     show_default=True,
     help="Seconds finished command ids are remembered.",
 )
 @_own(
     "catch-up",
     type=click.FloatRange(min=0),
-    default=3600.0,
+    default=config_default(ExecutorConfig, "catch_up_s"),
     show_default=True,
     help="A host's consumer created now delivers the commands of the last SECONDS (0: new only).",
 )

@@ -20,6 +20,7 @@ from reconciler.cli.oneshot import connect_timeout_option, once, oneshot_log_opt
 from reconciler.cli.options import (
     bus_options,
     common_from,
+    config_default,
     db_option,
     incus_from,
     incus_options,
@@ -98,7 +99,7 @@ def cli() -> None:
     envvar="RC_BATCH",
     show_envvar=True,
     type=click.IntRange(min=1, max=10_000),
-    default=500,
+    default=config_default(RunConfig, "batch"),
     show_default=True,
     help="Input messages fetched and committed per batch at most.",
 )
@@ -111,7 +112,7 @@ def cli() -> None:
     envvar="RC_STORE_WRITER",
     show_envvar=True,
     type=click.Choice(["process", "thread"]),
-    default="process",
+    default=config_default(RunConfig, "store_writer"),
     show_default=True,
     help="Where commits run: a child process, off the event loop's GIL (the fast "
     "choice), or a thread of this process.",

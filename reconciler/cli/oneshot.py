@@ -16,16 +16,17 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 from nats.aio.client import Client
 
+from reconciler.bus.codec import Decoder
 from reconciler.bus.connection import ConnectOptions, ConnectRefused, connect
-from reconciler.bus.schemas import SchemaLoadError, input_schema_path, load
+from reconciler.bus.schemas import SchemaLoadError
 from reconciler.cli.logs import LOG_FORMATS, LOG_LEVELS
-from reconciler.core.inputs import DomainError, from_payload
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",
@@ -106,23 +107,17 @@ def missing_stream(stream: str, prefix: str) -> click.ClickException:
     )
 
 
+@functools.cache
+def _decoder() -> Decoder:
+    return Decoder()
+
+
 def input_problems(kind: str, payload: Any, *, subject_token: str | None = None) -> list[str]:
     """Why ``payload`` is not a valid input of ``kind`` (empty when it is): its schema
-    first, then the checks the fold makes after the schema."""
+    first, then the checks the fold makes after the schema, as the reconciler's decoder
+    checks them (:meth:`reconciler.bus.codec.Decoder.problems`)."""
     try:
-        validator = load().validator(input_schema_path(kind))
+        decoder = _decoder()
     except SchemaLoadError as exc:
         raise click.ClickException(str(exc)) from None
-    problems = [
-        f"{'/'.join(str(p) for p in error.instance_path) or '(payload)'}: {error.message}"
-        for error in validator.iter_errors(payload)
-    ]
-    if problems:
-        return problems
-    try:
-        from_payload(kind, payload, subject_token=subject_token)
-    except DomainError as exc:
-        return [str(exc)]
-    except (ValueError, KeyError, TypeError) as exc:
-        return [f"{type(exc).__name__}: {exc}"]
-    return []
+    return decoder.problems(kind, payload, subject_token=subject_token)

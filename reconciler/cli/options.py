@@ -2,7 +2,10 @@
 
 Each option is also an environment variable ``RC_<NAME>`` (``--nats-url`` is
 ``RC_NATS_URL``); a flag given on the command line wins. Commands take the options they
-need through the decorators below and turn them into :class:`Common`.
+need through the decorators below and turn them into :class:`Common`. An option that
+sets a field of a program's configuration (``RunConfig``, ``ExecutorConfig``,
+``ConnectOptions``) takes its default from that field (:func:`config_default`): one
+source of each default.
 """
 
 from __future__ import annotations
@@ -18,15 +21,20 @@ import click
 import orjson
 
 from reconciler.bus.connection import DEFAULT_NATS_URL, ConnectOptions, parse_urls
+from reconciler.bus.streams import DEFAULT_LEADER_TTL_S
 from reconciler.cli.gc_policy import DEFAULT_GC_THRESHOLD
 from reconciler.cli.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
+from reconciler.core.messages import DEFAULT_PREFIX
+from reconciler.incus.client import DEFAULT_OPERATION_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S
 from reconciler.incus.endpoints import IncusEndpoint, endpoints_from_fleet_file
+from reconciler.replica.runtime import RunConfig
 
 __all__ = [
     "Common",
     "IncusOptions",
     "bus_options",
     "common_from",
+    "config_default",
     "db_option",
     "incus_from",
     "incus_options",
@@ -38,6 +46,18 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def config_default(config: type[Any], name: str) -> Any:
+    """The default of field ``name`` of the configuration dataclass ``config``."""
+    for found in dataclasses.fields(config):
+        if found.name == name:
+            if found.default is not dataclasses.MISSING:
+                return found.default
+            if found.default_factory is not dataclasses.MISSING:
+                return found.default_factory()
+            break
+    raise LookupError(f"{config.__name__}.{name} has no default")
 
 
 def _env(name: str) -> str:
@@ -129,14 +149,14 @@ def bus_options(f: F) -> F:
             ),
             _option(
                 "inbox-prefix",
-                default="_INBOX",
+                default=config_default(ConnectOptions, "inbox_prefix"),
                 show_default=True,
                 help="Prefix of every reply subject (a least-privilege user may subscribe to "
                 "<prefix>.> only), e.g. _INBOX.bridge.",
             ),
             _option(
                 "prefix",
-                default="rc",
+                default=DEFAULT_PREFIX,
                 show_default=True,
                 help="Subject prefix: streams <PREFIX>_IN, <PREFIX>_OUT, bucket <prefix>_leader.",
             ),
@@ -150,7 +170,7 @@ def stream_replicas_option(help_text: str) -> Callable[[F], F]:
     return _option(
         "stream-replicas",
         type=click.IntRange(min=1, max=5),
-        default=1,
+        default=config_default(RunConfig, "stream_replicas"),
         show_default=True,
         help=help_text,
     )
@@ -161,7 +181,7 @@ def db_option(f: F) -> F:
     return _option(
         "db",
         type=click.Path(dir_okay=False, path_type=Path),
-        default=Path("reconciler.db"),
+        default=config_default(RunConfig, "db"),
         show_default=True,
         help="SQLite file of the folded state.",
     )(f)
@@ -175,35 +195,35 @@ def run_options(f: F) -> F:
             _option(
                 "workers",
                 type=click.IntRange(min=1),
-                default=2,
+                default=config_default(RunConfig, "workers"),
                 show_default=True,
                 help="Workers per keyed reconciler queue.",
             ),
             _option(
                 "status-debounce",
                 type=click.FloatRange(min=0, min_open=True),
-                default=1.0,
+                default=config_default(RunConfig, "status_debounce_s"),
                 show_default=True,
                 help="Seconds a host or pool status waits for more changes before publishing.",
             ),
             _option(
                 "status-progress-interval",
                 type=click.FloatRange(min=0, min_open=True),
-                default=10.0,
+                default=config_default(RunConfig, "status_progress_interval_s"),
                 show_default=True,
                 help="Seconds between full rounds of status, changed or not.",
             ),
             _option(
                 "live-get-timeout",
                 type=click.FloatRange(min=0, min_open=True),
-                default=5.0,
+                default=config_default(RunConfig, "live_get_timeout_s"),
                 show_default=True,
                 help="Seconds a live Incus GET of a suspect instance may take.",
             ),
             _option(
                 "warm-boot-timeout",
                 type=click.FloatRange(min=0, min_open=True),
-                default=600.0,
+                default=config_default(RunConfig, "warm_boot_timeout_s"),
                 show_default=True,
                 help="Seconds a warm VM may take from admission to ready before its lease is "
                 "released and the pool asks for another.",
@@ -211,14 +231,14 @@ def run_options(f: F) -> F:
             _option(
                 "leader-ttl",
                 type=click.FloatRange(min=0, min_open=True),
-                default=10.0,
+                default=DEFAULT_LEADER_TTL_S,
                 show_default=True,
                 help="Seconds the leader key lives without renewal (the bucket's TTL).",
             ),
             _option(
                 "snapshot-interval",
                 type=click.FloatRange(min=0),
-                default=3600.0,
+                default=config_default(RunConfig, "snapshot_interval_s"),
                 show_default=True,
                 help="Seconds between the leader's snapshots of the state to the object store "
                 "<prefix>_snapshots (0: none). A replica with an empty store starts from the "
@@ -419,14 +439,14 @@ def incus_options(f: F) -> F:
             _option(
                 "incus-timeout",
                 type=click.FloatRange(min=0, min_open=True),
-                default=10.0,
+                default=DEFAULT_REQUEST_TIMEOUT_S,
                 show_default=True,
                 help="Seconds one HTTP request to Incus may take.",
             ),
             _option(
                 "incus-operation-timeout",
                 type=click.FloatRange(min=0, min_open=True),
-                default=120.0,
+                default=DEFAULT_OPERATION_TIMEOUT_S,
                 show_default=True,
                 help="Seconds an Incus operation (create, start, stop, delete) may take.",
             ),

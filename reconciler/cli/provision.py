@@ -29,12 +29,18 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from reconciler.bus.connection import connect
-from reconciler.bus.streams import StreamNames, StreamSetupError, ensure_streams
+from reconciler.bus.streams import (
+    DEFAULT_LEADER_TTL_S,
+    StreamNames,
+    StreamSetupError,
+    ensure_streams,
+)
 from reconciler.bus.violations import PermissionViolation, guarded
 from reconciler.cli.options import (
     Common,
     bus_options,
     common_from,
+    config_default,
     load_endpoints,
     log_options,
     stream_replicas_option,
@@ -43,8 +49,6 @@ from reconciler.executor.executor import ExecutorConfig, consumer_name
 from reconciler.replica.snapshots import SnapshotBucket
 
 __all__ = ["provision"]
-
-_EXECUTOR_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ExecutorConfig)}
 
 
 @click.command()
@@ -55,7 +59,7 @@ _EXECUTOR_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fie
     envvar="RC_LEADER_TTL",
     show_envvar=True,
     type=click.FloatRange(min=0, min_open=True),
-    default=10.0,
+    default=DEFAULT_LEADER_TTL_S,
     show_default=True,
     help="Seconds the leader key lives without renewal (the replicas' --leader-ttl).",
 )
@@ -126,11 +130,11 @@ async def _provision(
             config = api.ConsumerConfig(
                 durable_name=durable,
                 description=f"reconciler executor of host {host}",
-                filter_subject=f"{common.prefix}.out.exec.{host}.>",
+                filter_subject=names.subjects.exec_commands(host),
                 ack_policy=api.AckPolicy.EXPLICIT,
-                ack_wait=float(_EXECUTOR_DEFAULTS["ack_wait_s"]),
+                ack_wait=float(config_default(ExecutorConfig, "ack_wait_s")),
                 max_deliver=-1,
-                max_ack_pending=int(_EXECUTOR_DEFAULTS["max_in_hand"]),
+                max_ack_pending=int(config_default(ExecutorConfig, "max_in_hand")),
                 replay_policy=api.ReplayPolicy.INSTANT,
                 deliver_policy=api.DeliverPolicy.NEW,
                 num_replicas=replicas,

@@ -14,12 +14,12 @@ from typing import Any
 import anyio
 import click
 import orjson
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 
 from reconciler.bus.schemas import SchemaLoadError, load
 from reconciler.cli.oneshot import connect_once, connect_timeout_option, oneshot_log_options
 from reconciler.cli.options import bus_options, common_from
+from reconciler.client import NoReplica, ReconcilerClient
+from reconciler.core.messages import MessageError, Origin, QueryReply
 from reconciler.core.queries import QUERIES as CORE_QUERIES
 
 __all__ = ["QUERIES", "query_cmd"]
@@ -71,36 +71,29 @@ def query_cmd(
             f"not a valid {name} request, nothing sent:\n  " + "\n  ".join(problems)
         )
     reply = anyio.run(
-        lambda: _ask(common.nats, f"{common.prefix}.query.{name}", body, timeout, connect_timeout)
+        lambda: _ask(common.nats, common.prefix, name, body, timeout, connect_timeout)
     )
-    if reply.get("ok") is True:
-        click.echo(orjson.dumps(reply.get("result"), option=orjson.OPT_INDENT_2).decode())
+    if reply.ok:
+        click.echo(orjson.dumps(reply.result, option=orjson.OPT_INDENT_2).decode())
         return
-    error = reply.get("error") or {}
-    raise click.ClickException(f"{error.get('code', 'error')}: {error.get('message', reply)}")
+    raise click.ClickException(f"{reply.code or 'error'}: {reply.message or reply.body}")
 
 
 async def _ask(
-    nats: Any, subject: str, body: Any, reply_s: float, connect_timeout: float
-) -> dict[str, Any]:
+    nats: Any, prefix: str, name: str, body: Any, reply_s: float, connect_timeout: float
+) -> QueryReply:
     nc = await connect_once(nats, connect_timeout)
     try:
+        client = ReconcilerClient(nc, prefix=prefix, origin=Origin.CLI)
         try:
-            msg = await nc.request(subject, orjson.dumps(body), timeout=reply_s)
-        except NoRespondersError:
-            raise click.ClickException(
-                f"no replica answers {subject}: is `reconciler run` running with this --prefix?"
-            ) from None
-        except NatsTimeoutError:
-            raise click.ClickException(
-                f"no reply on {subject} within {reply_s:g} s (--timeout)"
-            ) from None
-        try:
-            reply = orjson.loads(msg.data)
-        except orjson.JSONDecodeError as exc:
-            raise click.ClickException(f"the reply is not JSON: {exc}") from None
-        if not isinstance(reply, dict):
-            raise click.ClickException(f"the reply is not a JSON object: {reply!r}")
-        return reply
+            return await client.ask(name, body, timeout_s=reply_s)
+        except NoReplica as exc:
+            if not exc.responders:
+                raise click.ClickException(
+                    f"{exc}: is `reconciler run` running with this --prefix?"
+                ) from None
+            raise click.ClickException(f"{exc} (--timeout)") from None
+        except MessageError as exc:
+            raise click.ClickException(str(exc)) from None
     finally:
         await nc.close()

@@ -3,8 +3,9 @@
 The body is ``--json BODY`` or ``key=value`` pairs (a string value) and ``key:=JSON``
 pairs (any JSON value: numbers, lists, objects); ``v`` is 1 and a ``request_id`` is
 generated when the body has none. The command is checked against its schema and the
-fold's domain checks before it is published; nothing is sent when it is bad. Then the
-decisions on ``<prefix>.out.decision.<request_id>`` are printed until the final one.
+fold's domain checks before it is published (through the producer's client,
+:mod:`reconciler.client`); nothing is sent when it is bad. Then the decisions on
+``<prefix>.out.decision.<request_id>`` are printed until the final one.
 
 Exit status: 0 for ``admitted``, ``claimed``, ``authorized`` and ``ok``; 1 for a refusal
 (``rejected``, ``no-warm``, ``refused``, ``error``), bad input, an unreachable server or
@@ -19,10 +20,7 @@ from typing import Any
 import anyio
 import click
 import orjson
-from nats.errors import NoRespondersError
-from nats.js.errors import NoStreamResponseError, NotFoundError
 
-from reconciler.bus.streams import StreamNames
 from reconciler.cli.oneshot import (
     connect_once,
     connect_timeout_option,
@@ -31,11 +29,12 @@ from reconciler.cli.oneshot import (
     oneshot_log_options,
 )
 from reconciler.cli.options import bus_options, common_from
-from reconciler.core.inputs import KINDS
+from reconciler.client import NoDecision, NoStream, ReconcilerClient
+from reconciler.core.messages import COMMAND_VERBS, Decision, Origin
 
 __all__ = ["SUCCESS", "VERBS", "describe_decision", "parse_body", "send_cmd"]
 
-VERBS = tuple(sorted(kind.removeprefix("cmd.") for kind in KINDS if kind.startswith("cmd.")))
+VERBS = tuple(sorted(COMMAND_VERBS))
 SUCCESS = frozenset({"admitted", "claimed", "authorized", "ok"})
 
 
@@ -130,60 +129,43 @@ def send_cmd(
     )
     if final is None:
         return
-    if final.get("outcome") not in SUCCESS:
+    if final.outcome not in SUCCESS:
         raise SystemExit(1)
 
 
 async def _send(
     nats: Any, prefix: str, verb: str, body: dict[str, Any], wait: float, raw: bool,
     connect_timeout: float,
-) -> dict[str, Any] | None:  # fmt: skip
-    names = StreamNames.for_prefix(prefix)
+) -> Decision | None:  # fmt: skip
     request_id = str(body["request_id"])
-    decision_subject = f"{prefix}.out.decision.{request_id}"
     nc = await connect_once(nats, connect_timeout)
     try:
-        js = nc.jetstream()
-        sub = await nc.subscribe(decision_subject)
-        subject = f"{prefix}.in.cmd.{verb}"
-        try:
-            ack = await js.publish(
-                subject, orjson.dumps(body), headers={"Nats-Msg-Id": f"cmd:{request_id}"}
-            )
-        except (NoStreamResponseError, NoRespondersError):
-            raise missing_stream(names.in_stream, prefix) from None
-        again = " (a duplicate: already on the stream)" if ack.duplicate else ""
-        click.echo(
-            f"published {subject} request_id={request_id} as input {ack.seq}{again}", err=True
-        )
-        if wait == 0:
-            return None
-        if ack.duplicate:
+        client = ReconcilerClient(nc, prefix=prefix, origin=Origin.CLI)
+        async with client.watch(request_id) as decisions:
             try:
-                last = await js.get_last_msg(names.out_stream, decision_subject)
-            except NotFoundError:
-                last = None
-            if last is not None and last.data:
-                decision = orjson.loads(last.data)
-                _print(decision, raw)
-                if decision.get("phase") == "final":
-                    return dict(decision)
-        try:
-            with anyio.fail_after(wait):
-                while True:
-                    msg = await sub.next_msg(timeout=None)
-                    decision = orjson.loads(msg.data)
-                    _print(decision, raw)
-                    if decision.get("phase") == "final":
-                        return dict(decision)
-        except TimeoutError:
-            raise click.ClickException(
-                f"no final decision for {request_id} within {wait:g} s (--wait): is a "
-                f"`reconciler run` leader running with --prefix {prefix}?"
-            ) from None
+                ack = await client.send(verb, body)
+            except NoStream as exc:
+                raise missing_stream(exc.stream, prefix) from None
+            again = " (a duplicate: already on the stream)" if ack.duplicate else ""
+            click.echo(
+                f"published {ack.subject} request_id={request_id} as input {ack.seq}{again}",
+                err=True,
+            )
+            if wait == 0:
+                return None
+            stored = await client.last_decision(request_id) if ack.duplicate else None
+            try:
+                return await decisions.final(
+                    within_s=wait, stored=stored, on_decision=lambda d: _print(d, raw)
+                )
+            except NoDecision:
+                raise click.ClickException(
+                    f"no final decision for {request_id} within {wait:g} s (--wait): is a "
+                    f"`reconciler run` leader running with --prefix {prefix}?"
+                ) from None
     finally:
         await nc.close()
 
 
-def _print(decision: dict[str, Any], raw: bool) -> None:
-    click.echo(orjson.dumps(decision).decode() if raw else describe_decision(decision))
+def _print(decision: Decision, raw: bool) -> None:
+    click.echo(decision.encode().decode() if raw else describe_decision(decision.as_dict()))

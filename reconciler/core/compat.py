@@ -40,6 +40,8 @@ from typing import Any, Final
 
 import orjson
 
+from reconciler.core.messages import UNPREFIXED
+
 __all__ = ["ADDITIONS", "ANY_VALUE", "Addition", "judge", "release_key"]
 
 #: :attr:`Addition.when` for an addition older releases never wrote at all
@@ -77,7 +79,7 @@ class Addition:
 ADDITIONS: tuple[Addition, ...] = (
     Addition(
         since="0.1.0",
-        output="out.exec.*.create",
+        output=UNPREFIXED.exec_command("*", "create"),
         path=("instance_type",),
         when="virtual-machine",
         why="the pool's instance type; before, written only for a pool that named one",

@@ -26,11 +26,12 @@ This module generates, once per class at import:
   (through the slot descriptors when ``self`` is of a subclass, whose layout may differ);
 - :func:`evolver`: ``dataclasses.replace`` for one class.
 
-Rules: only for frozen, slotted dataclasses whose fields are all ``init`` fields,
-positional (no ``kw_only``) and plain (no ``InitVar``), and that have no
-``__post_init__``: then the generated ``__init__`` does exactly what the dataclass's does
-(checked at decoration, and by ``tests/core/test_frozen.py``). Instances stay frozen:
-assignment still raises ``FrozenInstanceError``.
+Rules: only for frozen, slotted dataclasses (their fields their own or a slotted
+dataclass base's) whose fields are all ``init`` fields, positional (no ``kw_only``) and
+plain (no ``InitVar``), and that have no ``__post_init__``: then the generated
+``__init__`` does exactly what the dataclass's does (checked at decoration, and by
+``tests/core/test_frozen.py``). Instances stay frozen: assignment still raises
+``FrozenInstanceError``.
 """
 
 from __future__ import annotations
@@ -85,11 +86,20 @@ def _builder(cls: type[Any]) -> type[Any]:
     return found
 
 
+def _slot(cls: type[Any], name: str) -> Any:
+    """The slot descriptor of field ``name``: the class's own, or its base's that
+    declares the field (a dataclass inheriting fields)."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    raise TypeError(f"{cls.__name__}.{name} has no slot")
+
+
 def _namespace(cls: type[Any], found: tuple[dataclasses.Field[Any], ...]) -> dict[str, Any]:
     """What the generated functions see: the class, its builder, and ``_set_<i>``, the
     ``__set__`` of the slot descriptor of field ``i``."""
     namespace: dict[str, Any] = {
-        f"_set_{i}": cls.__dict__[f.name].__set__ for i, f in enumerate(found)
+        f"_set_{i}": _slot(cls, f.name).__set__ for i, f in enumerate(found)
     }
     namespace.update(_cls=cls, _builder=_builder(cls), _set_class=_SET_CLASS, _type=type)
     return namespace

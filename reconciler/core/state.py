@@ -15,6 +15,7 @@ from typing import TypeVar
 from reconciler.core.candidates import CandidateIndex
 from reconciler.core.expiry import ExpiryIndex
 from reconciler.core.frozen import fast_init
+from reconciler.core.messages import Decision, Output, decision_id
 from reconciler.core.model import (
     CLAIMED,
     COLD,
@@ -94,18 +95,6 @@ def is_reserved_cold(lease: Lease) -> bool:
 
 @fast_init
 @dataclass(frozen=True, slots=True)
-class Output:
-    """One message to publish after commit. ``subject`` has no prefix (``out.…``)."""
-
-    subject: str
-    msg_id: str | None
-    payload: bytes
-    #: a decision's outcome, for the logs (which need not parse the payload for it)
-    outcome: str | None = field(default=None, compare=False)
-
-
-@fast_init
-@dataclass(frozen=True, slots=True)
 class Transition:
     """One lease transition, appended to the journal with its cause."""
 
@@ -134,7 +123,12 @@ class DecisionRecord:
     @property
     def msg_id(self) -> str:
         """Its ``Nats-Msg-Id`` (docs/interface.md): derived, so no copy is kept per request."""
-        return f"decision:{self.request_id}:{self.phase}"
+        return decision_id(self.request_id, self.phase)
+
+    @property
+    def decision(self) -> Decision:
+        """The decision itself, read from its bytes."""
+        return Decision.parse(self.payload)
 
 
 @dataclass(slots=True)
@@ -361,6 +355,13 @@ class State:
         else:
             self._count(old, -1)
             self._count(lease, +1)
+
+    def admitted_at(self, lease: Lease) -> int | None:
+        """The stream second (epoch) of ``lease``'s admission: its request's final
+        decision. ``None`` when that decision is no longer kept (evicted by the decision
+        retention, so it is older than that) or the lease has no request (adopted)."""
+        record = self.decisions.get(lease.request_id) if lease.request_id is not None else None
+        return record.final_at if record is not None else None
 
     def lease_of_instance(self, instance: str) -> Lease | None:
         # the name as it is: an InstanceName() call is a Python-level call returning it

@@ -22,6 +22,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from reconciler.core.messages import Subjects
 from reconciler.deploy.fleet import Fleet
 from reconciler.executor.executor import consumer_name as executor_consumer
 from reconciler.replica.snapshots import bucket_name as snapshot_bucket
@@ -42,6 +43,7 @@ class Permissions:
 def _replica(fleet: Fleet, replica: str) -> Permissions:
     n = fleet.names
     p = fleet.prefix
+    s = Subjects(p)
     consumer = n.replica_consumer(replica)
     snapshots = f"OBJ_{snapshot_bucket(p)}"
     return Permissions(
@@ -51,10 +53,10 @@ def _replica(fleet: Fleet, replica: str) -> Permissions:
             "queries; its warm-pool top-ups, expiries and live checks go back in as inputs"
         ),
         publish=(
-            f"{p}.out.>",
-            f"{p}.in.cmd.admit",
-            f"{p}.in.cmd.release",
-            f"{p}.in.host.*.observation",
+            s.outputs,
+            s.command("admit"),
+            s.command("release"),
+            s.host_input("*", "observation"),
             f"$JS.API.STREAM.INFO.{n.in_stream}",
             f"$JS.API.STREAM.INFO.{n.out_stream}",
             f"$JS.API.STREAM.INFO.{n.leader_stream}",
@@ -79,7 +81,7 @@ def _replica(fleet: Fleet, replica: str) -> Permissions:
             f"$JS.API.CONSUMER.CREATE.{snapshots}.>",
             f"$JS.API.CONSUMER.DELETE.{snapshots}.>",
         ),
-        subscribe=(f"_INBOX.{replica}.>", f"{p}.query.* {p}-query"),
+        subscribe=(f"_INBOX.{replica}.>", f"{s.queries} {s.query_group}"),
         allow_responses=True,
     )
 
@@ -87,7 +89,7 @@ def _replica(fleet: Fleet, replica: str) -> Permissions:
 def permissions(fleet: Fleet) -> dict[str, Permissions]:
     """Every user's permissions, in the order of :attr:`Fleet.users`."""
     n = fleet.names
-    p = fleet.prefix
+    s = Subjects(fleet.prefix)
     hosts = sorted(fleet.incus_hosts)
     out = {
         "admin": Permissions(
@@ -104,7 +106,7 @@ def permissions(fleet: Fleet) -> dict[str, Permissions]:
             "streams up at start and reads its last inventory back to continue its revisions"
         ),
         publish=(
-            f"{p}.in.host.>",
+            s.host_inputs,
             f"$JS.API.STREAM.MSG.GET.{n.in_stream}",
             f"$JS.API.STREAM.INFO.{n.in_stream}",
             f"$JS.API.STREAM.INFO.{n.out_stream}",
@@ -130,8 +132,8 @@ def permissions(fleet: Fleet) -> dict[str, Permissions]:
     )
     out["producer"] = Permissions(
         why="a producer (the GARM provider): commands in, decisions and query answers out",
-        publish=(f"{p}.in.cmd.>", f"{p}.query.>", f"$JS.API.STREAM.MSG.GET.{n.out_stream}"),
-        subscribe=("_INBOX.producer.>", f"{p}.out.decision.>"),
+        publish=(s.commands, s.any_query, f"$JS.API.STREAM.MSG.GET.{n.out_stream}"),
+        subscribe=("_INBOX.producer.>", s.decisions),
     )
     return out
 

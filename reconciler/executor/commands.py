@@ -29,13 +29,14 @@ import enum
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, Final
 
 import jsonschema_rs
 import orjson
 
 from reconciler.bus.schemas import SchemaSet, load
-from reconciler.core.model import Resources
+from reconciler.core import messages
+from reconciler.core.messages import EXEC_VERBS, ExecSubject, ExecVerb, Subjects
 from reconciler.incus.errors import (
     ApiRejected,
     CreateRefused,
@@ -57,7 +58,6 @@ __all__ = [
     "CreateCommand",
     "DeleteCommand",
     "Failure",
-    "GpuAssignment",
     "Refusal",
     "Retry",
     "classify",
@@ -70,9 +70,6 @@ _MAX_ERROR_CHARS: Final = 512
 _NAME_CHARS = re.compile(r"[A-Za-z0-9-]+")
 #: the kind tag of every VM the executor creates: warm pools are its only creations
 WARM: Final = "warm"
-
-Verb = Literal["create", "delete"]
-VERBS: Final[tuple[Verb, ...]] = ("create", "delete")
 
 
 def invalid_instance_name(name: str) -> str | None:
@@ -97,25 +94,10 @@ def _clip(text: str) -> str:
     return text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 1] + "…"
 
 
-@dataclass(frozen=True, kw_only=True)
-class GpuAssignment:
-    """One GPU of a create command: the fold's index and the host's PCI address."""
+class _Keyed(messages.CommandBase):
+    """What the executor adds to every command: its work-queue key and log fields."""
 
-    index: int
-    pci_address: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class _ExecCommand:
-    """What every executor command names: itself, the instance, and its lease."""
-
-    command_id: str
-    host: str
-    instance: str
-    project: str
-    lease_id: str
-
-    verb: ClassVar[str]
+    __slots__ = ()
 
     @property
     def key(self) -> str:
@@ -132,31 +114,19 @@ class _ExecCommand:
         }
 
 
-@dataclass(frozen=True, kw_only=True)
-class DeleteCommand(_ExecCommand):
+class DeleteCommand(_Keyed, messages.DeleteCommand):
     """``<prefix>.out.exec.<host>.delete``: destroy the lease's VM; missing is done."""
 
-    reason: str
-
-    verb: ClassVar[Literal["delete"]] = "delete"
+    __slots__ = ()
 
     def log_fields(self) -> dict[str, Any]:
         return {**super().log_fields(), "reason": self.reason}
 
 
-@dataclass(frozen=True, kw_only=True)
-class CreateCommand(_ExecCommand):
+class CreateCommand(_Keyed, messages.CreateCommand):
     """``<prefix>.out.exec.<host>.create``: create and start a warm VM for a lease."""
 
-    pool: str
-    image: str
-    profiles: tuple[str, ...]
-    demand: Resources
-    gpus: tuple[GpuAssignment, ...]
-    #: the pool's ``instance_type``; a command without one creates a virtual machine
-    instance_type: str = "virtual-machine"
-
-    verb: ClassVar[Literal["create"]] = "create"
+    __slots__ = ()
 
     def spec(self, *, storage_pool: str = "default") -> InstanceSpec:
         """The instance to create: the pool's image, profiles and instance type, the demand
@@ -206,7 +176,7 @@ class CommandParser:
 
     def __init__(self, *, schemas_dir: Path | None = None, schemas: SchemaSet | None = None):
         found = schemas if schemas is not None else load(schemas_dir)
-        self._validators = {verb: found.validator(f"out/exec.{verb}.json") for verb in VERBS}
+        self._validators = {verb: found.validator(f"out/exec.{verb}.json") for verb in EXEC_VERBS}
 
     def parse(self, subject: str, data: bytes, *, prefix: str, host: str) -> Command | Refusal:
         """One message of ``host``'s consumer as a command, or why it is refused."""
@@ -224,15 +194,14 @@ class CommandParser:
             "command_id": command_id if isinstance(command_id, str) else None,
             "instance": instance if isinstance(instance, str) else None,
         }
-        head = f"{prefix}.out.exec."
-        parts = subject[len(head) :].split(".") if subject.startswith(head) else []
-        if len(parts) != 2 or parts[1] not in VERBS:
+        subjects = Subjects(prefix)
+        route = subjects.parse_output(subject)
+        if not isinstance(route, ExecSubject):
+            expected = subjects.exec_command("<host>", "create|delete")
             return Refusal(
-                reason="subject",
-                error=_clip(f"subject {subject!r} is not {head}<host>.create|delete"),
-                **known,
+                reason="subject", error=_clip(f"subject {subject!r} is not {expected}"), **known
             )
-        subject_host, verb = parts[0], parts[1]
+        subject_host, verb = route.host, route.verb
         try:
             self._validators[verb].validate(payload)
         except jsonschema_rs.ValidationError as exc:
@@ -258,34 +227,10 @@ class CommandParser:
         return _command(verb, payload)
 
 
-def _command(verb: Verb, p: dict[str, Any]) -> Command:
+def _command(verb: ExecVerb, p: dict[str, Any]) -> Command:
     if verb == "delete":
-        return DeleteCommand(
-            command_id=p["command_id"],
-            host=p["host"],
-            instance=p["instance"],
-            project=p["project"],
-            lease_id=p["lease_id"],
-            reason=p["reason"],
-        )
-    demand = p["demand"]
-    return CreateCommand(
-        command_id=p["command_id"],
-        host=p["host"],
-        instance=p["instance"],
-        project=p["project"],
-        lease_id=p["lease_id"],
-        pool=p["pool"],
-        image=p["image"],
-        profiles=tuple(p["profiles"]),
-        demand=Resources(
-            cpu=demand["cpu"], memory_mib=demand["memory_mib"], disk_gib=demand["disk_gib"]
-        ),
-        gpus=tuple(
-            GpuAssignment(index=g["index"], pci_address=g["pci_address"]) for g in p["gpus"]
-        ),
-        instance_type=p.get("instance_type", "virtual-machine"),
-    )
+        return DeleteCommand.from_dict(p)
+    return CreateCommand.from_dict(p)
 
 
 # ---------------------------------------------------------------------------- failures

@@ -81,6 +81,7 @@ from nats.js.errors import FetchTimeoutError, NotFoundError
 
 from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.streams import StreamNames
+from reconciler.core.messages import DEFAULT_PREFIX
 from reconciler.executor.commands import (
     Command,
     CommandParser,
@@ -93,7 +94,12 @@ from reconciler.executor.commands import (
 )
 from reconciler.executor.metrics import CommandCounts, LiveFacts
 from reconciler.executor.store import ExecutorStore, FinishedCommand
-from reconciler.incus.client import IncusEndpoint, IncusHost
+from reconciler.incus.client import (
+    DEFAULT_OPERATION_TIMEOUT_S,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    IncusEndpoint,
+    IncusHost,
+)
 from reconciler.incus.errors import IncusError, NotFound
 from reconciler.observe.endpoints import parse_addr
 from reconciler.work.queue import TemporaryError, WorkQueue, run_workers
@@ -121,7 +127,7 @@ class ExecutorConfig:
 
     endpoints: tuple[IncusEndpoint, ...]
     nats: ConnectOptions = field(default_factory=ConnectOptions)
-    prefix: str = "rc"
+    prefix: str = DEFAULT_PREFIX
     db: Path = Path("executor.db")
     #: instances worked on at once, per host
     workers: int = 4
@@ -144,8 +150,8 @@ class ExecutorConfig:
     catch_up_s: float = 3600.0
     #: the storage pool of created VMs' root disks
     storage_pool: str = "default"
-    request_timeout_s: float = 10.0
-    operation_timeout_s: float = 120.0
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    operation_timeout_s: float = DEFAULT_OPERATION_TIMEOUT_S
     #: concurrent Incus calls per host
     incus_concurrency: int = 4
     #: ``HOST:PORT`` for Prometheus ``/metrics``, ``/healthz`` and ``/readyz`` (off: None)
@@ -436,7 +442,7 @@ class Executor:
     async def _ensure_consumer(self, js: JetStreamContext, host: str, log: Any) -> None:
         config = self.config
         stream, durable = self.names.out_stream, consumer_name(host)
-        filter_subject = f"{config.prefix}.out.exec.{host}.>"
+        filter_subject = self.names.subjects.exec_commands(host)
         try:
             info = await js.consumer_info(stream, durable)
         except NotFoundError:

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from reconciler.executor.commands import VERBS
+from reconciler.core.messages import EXEC_VERBS
 from reconciler.observe.endpoints import (
     MetricsServer,
     Readiness,
@@ -104,7 +104,7 @@ class ExecutorCollector(Collector):
         counts, live = self.executor.counts, self.executor.live()
         hosts = counts.hosts
         finished: Counter[tuple[str, str, str]] = Counter(
-            {(h, v, o): 0 for h in hosts for v in VERBS for o in OUTCOMES}
+            {(h, v, o): 0 for h in hosts for v in EXEC_VERBS for o in OUTCOMES}
         )
         finished.update(counts.finished)
         yield labelled_counter(

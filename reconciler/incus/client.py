@@ -74,7 +74,13 @@ from reconciler.incus.views import (
     server_info,
 )
 
-__all__ = ["IncusEndpoint", "IncusHost", "endpoints_from_fleet_file"]
+__all__ = [
+    "DEFAULT_OPERATION_TIMEOUT_S",
+    "DEFAULT_REQUEST_TIMEOUT_S",
+    "IncusEndpoint",
+    "IncusHost",
+    "endpoints_from_fleet_file",
+]
 
 T = TypeVar("T")
 
@@ -157,6 +163,12 @@ def _session(endpoint: IncusEndpoint) -> requests.Session | None:
     return session
 
 
+#: seconds one HTTP request to Incus may take, unless configured otherwise
+DEFAULT_REQUEST_TIMEOUT_S = 10.0
+#: seconds an Incus operation (create, start, stop, delete) may take
+DEFAULT_OPERATION_TIMEOUT_S = 120.0
+
+
 class IncusHost:
     """One Incus host, through pylxd, with async methods."""
 
@@ -164,8 +176,8 @@ class IncusHost:
         self,
         endpoint: IncusEndpoint,
         *,
-        request_timeout_s: float = 10.0,
-        operation_timeout_s: float = 120.0,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        operation_timeout_s: float = DEFAULT_OPERATION_TIMEOUT_S,
         max_concurrent_calls: int = 4,
         gpu_memory_mib: Mapping[str, int] = KNOWN_GPU_MEMORY_MIB,
     ) -> None:

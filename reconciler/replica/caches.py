@@ -38,17 +38,28 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
 import anyio.lowlevel
-import orjson
 import structlog
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
 from reconciler.bus.codec import BadInput, Decoder, dead_letter_output
 from reconciler.bus.consumer import Delivery, InputConsumer
 from reconciler.core.fold import fold_input
+from reconciler.core.messages import (
+    DEAD_LETTER_HEAD,
+    DECISION_HEAD,
+    EXEC_HEAD,
+    UNPREFIXED,
+    DeadLetter,
+    DeadLetterReason,
+    DeadLetterSubject,
+    Decision,
+    DeleteCommand,
+    ExecSubject,
+    parse_exec_command,
+)
 from reconciler.core.state import Effects, State
 from reconciler.store.sqlite import Batch, Store, encode_batch
 
@@ -163,7 +174,9 @@ def fold_deliveries(
     return out
 
 
-def _dead_letter(state: State, fx: Effects, d: Delivery, reason: Any, error: str) -> None:
+def _dead_letter(
+    state: State, fx: Effects, d: Delivery, reason: DeadLetterReason, error: str
+) -> None:
     fx.outputs.append(dead_letter_output(d.subject, d.stream_seq, d.data, reason, error))
     fx.notes.append((d.stream_seq, f"dead-lettered ({reason}): {error}"))
     state.applied_seq = d.stream_seq
@@ -398,12 +411,12 @@ class Caches:
     def _count(self, folded: FoldedBatch) -> None:
         for out in folded.fx.outputs:
             subject = out.subject
-            if subject.startswith("out.decision."):
+            if subject.startswith(DECISION_HEAD):
                 self.decisions += 1
-            elif subject.startswith("out.exec."):
+            elif subject.startswith(EXEC_HEAD):
                 self.commands += 1
-            elif subject.startswith("out.dlq."):
-                self.dead_letters[subject[8:]] += 1
+            elif subject.startswith(DEAD_LETTER_HEAD):
+                self.dead_letters[subject[len(DEAD_LETTER_HEAD) :]] += 1
 
     def _explain(self, folded: FoldedBatch) -> None:
         """Log the committed batch's decisions with their reasons, its dead letters and
@@ -422,45 +435,48 @@ class Caches:
         info = log.debug if catching_up else log.info
         warning = log.debug if catching_up else log.warning
         for out in folded.fx.outputs:
-            if out.subject.startswith("out.decision."):
+            subject = out.subject
+            if subject.startswith(DECISION_HEAD):
                 if out.outcome in _ROUTINE and not routine:
                     continue  # not parsed: routine, and not logged at this level
-                body = orjson.loads(out.payload)
-                outcome = body["outcome"]
+                decision = Decision.parse(out.payload)
+                outcome = decision.outcome
                 if outcome in _ROUTINE and not routine:
                     continue
-                lease = body.get("lease") or {}
+                lease = decision.lease
                 (log.debug if outcome in _ROUTINE else info)(
                     "decision",
-                    request_id=body["request_id"],
-                    verb=body["verb"],
-                    phase=body["phase"],
+                    request_id=decision.request_id,
+                    verb=decision.verb,
+                    phase=decision.phase,
                     outcome=outcome,
-                    reason=body.get("reason"),
-                    detail=body.get("detail"),
-                    instance=lease.get("instance"),
-                    host=lease.get("host"),
-                    lease_id=lease.get("lease_id"),
-                    victims=[v["instance"] for v in body.get("victims", ())] or None,
-                    input_seq=body["input_seq"],
+                    reason=decision.reason,
+                    detail=decision.detail,
+                    instance=lease.instance if lease is not None else None,
+                    host=lease.host if lease is not None else None,
+                    lease_id=lease.lease_id if lease is not None else None,
+                    victims=[v.instance for v in decision.victims or ()] or None,
+                    input_seq=decision.input_seq,
                 )
-            elif out.subject.startswith("out.dlq."):
-                body = orjson.loads(out.payload)
+                continue
+            route = UNPREFIXED.parse_output(subject)
+            if isinstance(route, DeadLetterSubject):
+                letter = DeadLetter.parse(route.reason, out.payload)
                 warning(
                     "dead_letter",
-                    reason=out.subject[8:],
-                    subject=body["subject"],
-                    stream_seq=body["stream_seq"],
-                    error=body["error"],
+                    reason=letter.reason,
+                    subject=letter.subject,
+                    stream_seq=letter.stream_seq,
+                    error=letter.error,
                 )
-            elif out.subject.startswith("out.exec."):
-                body = orjson.loads(out.payload)
+            elif isinstance(route, ExecSubject):
+                command = parse_exec_command(route.verb, out.payload)
                 info(
                     "executor_command",
-                    command_id=body["command_id"],
-                    host=body["host"],
-                    instance=body["instance"],
-                    reason=body.get("reason"),
+                    command_id=command.command_id,
+                    host=command.host,
+                    instance=command.instance,
+                    reason=command.reason if isinstance(command, DeleteCommand) else None,
                 )
         if not routine:
             return

@@ -36,7 +36,7 @@ import structlog
 from nats.aio.client import Client
 
 from reconciler.bus.publisher import OutputPublisher, PublishError, Round
-from reconciler.core.state import Output
+from reconciler.core.messages import Output
 from reconciler.replica.caches import Commit
 from reconciler.replica.leader import Leadership
 from reconciler.store.sqlite import Store

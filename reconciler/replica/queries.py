@@ -26,24 +26,24 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from reconciler.core.messages import (
+    CACHE_NOT_READY,
+    INTERNAL,
+    INVALID,
+    Subjects,
+    error_reply,
+    ok_reply,
+)
 from reconciler.core.queries import QUERIES, QueryError
 from reconciler.replica.caches import Caches
 
-__all__ = ["MAX_REQUEST_BYTES", "QueryResponder", "error_reply", "ok_reply"]
+__all__ = ["MAX_REQUEST_BYTES", "QueryResponder"]
 
 logger = structlog.get_logger(__name__)
 
 MAX_REQUEST_BYTES = 65_536
 
 Health = Callable[[], Awaitable[dict[str, Any]]]
-
-
-def ok_reply(result: Any) -> bytes:
-    return orjson.dumps({"ok": True, "result": result})
-
-
-def error_reply(code: str, message: str) -> bytes:
-    return orjson.dumps({"ok": False, "error": {"code": code, "message": message}})
 
 
 class QueryResponder:
@@ -53,13 +53,14 @@ class QueryResponder:
         self.nc = nc
         self.caches = caches
         self.prefix = prefix
+        self.subjects = Subjects(prefix)
         self.health = health
         self.answered = 0
         self._sub: Subscription | None = None
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(
-            f"{self.prefix}.query.*", queue=f"{self.prefix}-query", cb=self._on_request
+            self.subjects.queries, queue=self.subjects.query_group, cb=self._on_request
         )
 
     async def stop(self) -> None:
@@ -74,12 +75,12 @@ class QueryResponder:
     async def _on_request(self, msg: Msg) -> None:
         if not msg.reply:
             return
-        name = msg.subject.rsplit(".", 1)[-1]
+        name = self.subjects.parse_query(msg.subject) or msg.subject
         try:
             reply = await self.answer(name, msg.data)
         except Exception as exc:  # never let one request take the subscription down
             logger.exception("query.failed", query=name)
-            reply = error_reply("internal", f"{type(exc).__name__}: {exc}")
+            reply = error_reply(INTERNAL, f"{type(exc).__name__}: {exc}")
         try:
             await msg.respond(reply)
             self.answered += 1
@@ -89,22 +90,22 @@ class QueryResponder:
     async def answer(self, name: str, data: bytes) -> bytes:
         """The reply bytes for query ``name`` with request body ``data``."""
         if len(data) > MAX_REQUEST_BYTES:
-            return error_reply("invalid", f"request of {len(data)} bytes is too large")
+            return error_reply(INVALID, f"request of {len(data)} bytes is too large")
         try:
             request = orjson.loads(data) if data.strip() else {}
         except orjson.JSONDecodeError as exc:
-            return error_reply("invalid", f"request is not JSON: {exc}")
+            return error_reply(INVALID, f"request is not JSON: {exc}")
         if not isinstance(request, dict):
-            return error_reply("invalid", "request must be a JSON object")
+            return error_reply(INVALID, "request must be a JSON object")
         if name == "health":
             return ok_reply(await self.health())
         query = QUERIES.get(name)
         if query is None:
             known = ", ".join(sorted([*QUERIES, "health"]))
-            return error_reply("invalid", f"unknown query {name!r}; known: {known}")
+            return error_reply(INVALID, f"unknown query {name!r}; known: {known}")
         if not self.caches.synced.is_set():
             return error_reply(
-                "cache-not-ready",
+                CACHE_NOT_READY,
                 f"replica is catching up (applied {self.caches.committed_seq} of "
                 f"{self.caches.head_at_start})",
             )

@@ -64,6 +64,7 @@ from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.consumer import Delivery, InputConsumer
 from reconciler.bus.streams import StreamNames
 from reconciler.core.compat import judge
+from reconciler.core.messages import DEFAULT_PREFIX
 from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
 from reconciler.core.state import State
 from reconciler.replica.caches import Caches, Commit, FoldFailed, fold_deliveries
@@ -127,7 +128,7 @@ class ReplayReport:
 async def replay(
     opts: ConnectOptions,
     *,
-    prefix: str = "rc",
+    prefix: str = DEFAULT_PREFIX,
     db: Path | None = None,
     batch: int = 1000,
     decision_retention_s: int | None = DEFAULT_DECISION_RETENTION_S,
@@ -153,7 +154,7 @@ async def replay(
 async def replay_into(
     nc: Client,
     *,
-    prefix: str = "rc",
+    prefix: str = DEFAULT_PREFIX,
     db: Path | None = None,
     batch: int = 1000,
     decision_retention_s: int | None = DEFAULT_DECISION_RETENTION_S,
@@ -529,7 +530,7 @@ def _compare(
     before: _BeforeSnapshot | None = None,
 ) -> None:
     seen: set[str] = set()
-    head = outputs.head
+    relative = outputs.subjects.relative
     out_last = outputs.last or 0
     divergences = report.divergences
     compared = 0
@@ -544,11 +545,10 @@ def _compare(
                 continue  # decided before the snapshot the replay started from
         compared += 1
         seen.add(msg_id)
+        subject = relative(full_subject) or full_subject
         if expected is None:
-            subject = full_subject.removeprefix(head)
             divergences.append(Divergence("unexpected", msg_id, subject, None, data))
-        elif expected[1] != data or expected[0] != full_subject.removeprefix(head):
-            subject = full_subject.removeprefix(head)
+        elif expected[1] != data or expected[0] != subject:
             lacked = judge(subject, expected[1], data) if expected[0] == subject else None
             if lacked is None:
                 divergences.append(Divergence("mismatch", msg_id, subject, expected[1], data))

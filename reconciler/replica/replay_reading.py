@@ -64,8 +64,8 @@ from reconciler.bus.direct import (
     status_of,
     subscribe_direct,
 )
-from reconciler.bus.publisher import MSG_ID
 from reconciler.bus.streams import StreamNames
+from reconciler.core.messages import MSG_ID
 from reconciler.store.pipes import widen_pipe
 
 __all__ = [
@@ -319,7 +319,7 @@ class OutputReader:
         forward_every: int = 0,
         pace: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        self.head = f"{names.prefix}."
+        self.subjects = names.subjects
         self.reader = StreamReader(nc, js, stream=names.out_stream, chunk=chunk, start_time=since)
         #: what was kept and not forwarded yet (everything, without ``forward``)
         self.found: list[tuple[int, str, str, bytes]] = []
@@ -455,7 +455,7 @@ class LocalReaders(InputReader):
     ) -> None:
         super().__init__(nc, js, names, chunk=chunk)
         self.outputs = OutputReader(nc, js, names, chunk=chunk, since=since)
-        self.head = self.outputs.head
+        self.subjects = self.outputs.subjects
         self.done = self.outputs.done
 
     @property
@@ -487,7 +487,7 @@ class ReaderProcess:
         chunk: int,
         since: dt.datetime | None,
     ) -> None:
-        self.head = f"{names.prefix}."
+        self.subjects = names.subjects
         name = f"{opts.name}-reader" if opts.name else "reconciler-replay-reader"
         self._request = (replace(opts, name=name), names.prefix, since, chunk)
         self.found: list[Found] = []

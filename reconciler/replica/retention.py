@@ -8,11 +8,13 @@ warm-pool reconciler releases warm VMs that never boot:
 - Rules (docs/architecture.md: the fold stays the only judge): the reaper never changes state. For
   a cold lease still reserved ``timeout_s`` after its admission it publishes a
   ``release`` command on the IN stream, request id ``abandon-<lease_id>`` (and that as
-  ``in:…`` ``Nats-Msg-Id``), so two leaders publish one command, and the fold, which
-  still sees the lease reserved or not, decides.
-- The admission time is the stream time of the lease's final ``admitted`` decision
-  (``DecisionRecord.final_at``); a decision already evicted by ``--decision-retention``
-  is older than that retention, and its lease counts as abandoned too.
+  ``in:…`` ``Nats-Msg-Id``), published as every input is (:func:`reconciler.bus.sending.publish`),
+  so two leaders publish one command, and the fold, which still sees the lease reserved
+  or not, decides.
+- The admission time is :meth:`~reconciler.core.state.State.admitted_at`, the stream
+  time of the lease's final ``admitted`` decision; a decision already evicted by
+  ``--decision-retention`` is older than that retention, and its lease counts as
+  abandoned too.
 - One scan of the leases when leadership starts (no index: it would cost every live
   lease memory for the few that wait): the reserved cold ones are filed in admission
   order, then each lease a commit leaves reserved and cold (O(batch)), in a FIFO
@@ -34,6 +36,8 @@ import orjson
 import structlog
 from nats.js import JetStreamContext
 
+from reconciler.bus.sending import publish
+from reconciler.core.messages import Origin, Subjects, command_msg_id
 from reconciler.core.model import LeaseId, RequestId
 from reconciler.core.state import is_reserved_cold
 from reconciler.replica.caches import Caches, Commit
@@ -76,6 +80,7 @@ class ReservationReaper:
         self.caches = caches
         self.js = js
         self.prefix = prefix
+        self.subjects = Subjects(prefix)
         self.timeout_s = timeout_s
         self.interval_s = interval_s
         self._wall = wall
@@ -97,8 +102,7 @@ class ReservationReaper:
         lease = state.leases.get(lease_id)
         if lease is None or not is_reserved_cold(lease):
             return None
-        record = state.decisions.get(lease.request_id) if lease.request_id else None
-        admitted_at = record.final_at if record is not None else None
+        admitted_at = state.admitted_at(lease)
         return 0.0 if admitted_at is None else admitted_at + self.timeout_s
 
     def _file(self, lease_id: LeaseId) -> None:
@@ -153,17 +157,17 @@ class ReservationReaper:
         request_id = abandon_request_id(lease.lease_id)
         if request_id in state.decisions:
             return  # released already (or refused): the fold had its say
-        record = state.decisions.get(lease.request_id) if lease.request_id else None
-        admitted_at = record.final_at if record is not None else None
+        admitted_at = state.admitted_at(lease)
         now = self._wall()
         if admitted_at is not None and now - admitted_at < self.timeout_s:
             self._file(lease.lease_id)  # not yet (a clock step): file it again
             return
         payload = {"v": 1, "request_id": request_id, "instance": lease.instance}
-        await self.js.publish(
-            f"{self.prefix}.in.cmd.release",
+        await publish(
+            self.js,
+            self.subjects.command("release"),
             orjson.dumps(payload),
-            headers={"Nats-Msg-Id": f"in:{request_id}"},
+            msg_id=command_msg_id(Origin.LEADER, request_id),
         )
         self.published += 1
         logger.warning(

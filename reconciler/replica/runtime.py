@@ -46,6 +46,7 @@ from reconciler.bus.streams import (
     ensure_streams,
 )
 from reconciler.bus.violations import PermissionViolation
+from reconciler.core.messages import DEFAULT_PREFIX
 from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
 from reconciler.incus.endpoints import IncusEndpoint
 from reconciler.replica.caches import Caches
@@ -100,7 +101,7 @@ class RunConfig:
 
     nats: ConnectOptions = field(default_factory=ConnectOptions)
     db: Path = Path("reconciler.db")
-    prefix: str = "rc"
+    prefix: str = DEFAULT_PREFIX
     replica: str = field(default_factory=default_replica_name)
     workers: int = 2
     batch: int = 500

@@ -41,6 +41,7 @@ from nats.js.api import StreamInfo
 from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
+from reconciler.core.messages import STREAM_HEADER
 from reconciler.store.snapshot import (
     DecodedSnapshot,
     Snapshot,
@@ -53,7 +54,6 @@ from reconciler.store.snapshot import (
 from reconciler.store.sqlite import Store
 
 __all__ = [
-    "STREAM_HEADER",
     "SnapshotBucket",
     "SnapshotPublisher",
     "bucket_name",
@@ -77,9 +77,6 @@ def bucket_name(prefix: str) -> str:
 
 def object_name(applied_seq: int) -> str:
     return f"state-{applied_seq:016d}"
-
-
-STREAM_HEADER = "Reconciler-Stream"
 
 
 def identity_of(info: StreamInfo) -> str:

@@ -35,6 +35,7 @@ import structlog
 from nats.aio.client import Client
 
 from reconciler.bus.wire import LazyFlush, Wire, supported
+from reconciler.core.messages import Subjects
 from reconciler.core.model import HostName, PoolName
 from reconciler.core.status import host_status, pool_status
 from reconciler.replica.caches import Caches, Commit
@@ -70,6 +71,7 @@ class StatusReporter:
         self.caches = caches
         self.nc = nc
         self.prefix = prefix
+        self.subjects = Subjects(prefix)
         self.debounce_s = debounce_s
         self.progress_interval_s = progress_interval_s
         self.workers = workers
@@ -129,7 +131,7 @@ class StatusReporter:
             payload = pool_status(state, PoolName(name), as_of_seq=as_of)
         if payload is None:
             return
-        subject = f"{self.prefix}.out.status.{kind}.{name}"
+        subject = self.subjects.status(kind, name)
         if self._lazy is None:
             await self.nc.publish(subject, orjson.dumps(payload))
         else:  # with the next decisions' socket write, or within LAZY_FLUSH_S

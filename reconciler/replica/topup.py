@@ -16,7 +16,9 @@ Rules (docs/architecture.md: the fold stays the only judge):
   memory: at worst it asks again, and the fold's ``max_ready`` caps the result.
 - A warm lease still reserved or created ``boot_timeout_s`` after its admission (its VM
   could not be created or started: no event will ever say so) is released by a
-  ``release`` command ``expire-<lease>``; the pool then asks for another.
+  ``release`` command ``expire-<lease>``; the pool then asks for another. The admission
+  time is :meth:`~reconciler.core.state.State.admitted_at`, as for the reaper of
+  abandoned reservations (an admission evicted by the retention is older than that).
 - A top-up that was rejected (no capacity, no suitable host) is not retried at once: the
   pool backs off, ``backoff_base_s`` after the first rejection, doubling with each
   rejection in a row up to ``backoff_cap_s``, except that room appearing on a host (less
@@ -34,7 +36,6 @@ Rules (docs/architecture.md: the fold stays the only judge):
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import re
 import time
@@ -46,6 +47,7 @@ import structlog
 from nats.js import JetStreamContext
 
 from reconciler.bus.sending import publish
+from reconciler.core.messages import Decision, Origin, Subjects, command_msg_id
 from reconciler.core.model import HostName, PoolName, RequestId
 from reconciler.core.state import State
 from reconciler.core.status import warm_deficit
@@ -115,6 +117,7 @@ class WarmPoolReconciler:
         self._wall = wall
         self.js = js
         self.prefix = prefix
+        self.subjects = Subjects(prefix)
         self.workers = workers
         self.interval_s = interval_s
         self.queue: WorkQueue[str] = WorkQueue(
@@ -205,9 +208,9 @@ class WarmPoolReconciler:
             }
             await publish(
                 self.js,
-                f"{self.prefix}.in.cmd.admit",
+                self.subjects.command("admit"),
                 orjson.dumps(payload),
-                msg_id=f"in:{request_id}",
+                msg_id=command_msg_id(Origin.LEADER, request_id),
             )
             self.in_flight[request_id] = pool
             self.published += 1
@@ -226,22 +229,18 @@ class WarmPoolReconciler:
         for lease in state.booting_in_pool(pool):
             if lease.request_id is None:
                 continue
-            record = state.decisions.get(lease.request_id)
-            if record is None:  # evicted by --decision-retention: older than that
-                admitted_at = None
-            else:
-                admitted_at = _epoch(orjson.loads(record.payload)["decided_at"])
-                if admitted_at is None or now - admitted_at < self.boot_timeout_s:
-                    continue
+            admitted_at = state.admitted_at(lease)  # None: older than the decision retention
+            if admitted_at is not None and now - admitted_at < self.boot_timeout_s:
+                continue
             request_id = RequestId(f"expire-{lease.lease_id}")
             if request_id in self.in_flight or request_id in state.decisions:
                 continue
             payload = {"v": 1, "request_id": request_id, "instance": lease.instance}
             await publish(
                 self.js,
-                f"{self.prefix}.in.cmd.release",
+                self.subjects.command("release"),
                 orjson.dumps(payload),
-                msg_id=f"in:{request_id}",
+                msg_id=command_msg_id(Origin.LEADER, request_id),
             )
             self.in_flight[request_id] = pool
             logger.warning(
@@ -259,7 +258,7 @@ class WarmPoolReconciler:
         rejected one starts it or doubles it (an expiry's release is neither)."""
         decisions = self.caches.state.decisions
         admitted = False
-        rejected: dict[str, Any] | None = None
+        rejected: Decision | None = None
         for request_id in [r for r, p in self.in_flight.items() if p == pool]:
             record = decisions.get(request_id)
             if record is None:
@@ -267,9 +266,9 @@ class WarmPoolReconciler:
             del self.in_flight[request_id]
             if record.verb != "admit":
                 continue
-            body = orjson.loads(record.payload)
-            if body.get("outcome") == "rejected":
-                rejected = body
+            decision = record.decision
+            if decision.outcome == "rejected":
+                rejected = decision
             else:
                 admitted = True
         if rejected is None:
@@ -284,8 +283,8 @@ class WarmPoolReconciler:
         logger.warning(
             "warm_pool.top_up_rejected",
             pool=pool,
-            request_id=rejected.get("request_id"),
-            reason=rejected.get("reason"),
+            request_id=rejected.request_id,
+            reason=rejected.reason,
             in_a_row=count,
             retry_in_s=delay,
         )
@@ -325,12 +324,3 @@ def _more_room(before: _Room, now: _Room) -> bool:
         or any(n < b for n, b in zip(now[1], before[1], strict=True))
         or now[2] < before[2]
     )
-
-
-def _epoch(rfc3339: str) -> float | None:
-    """Seconds since the epoch of a decision's ``decided_at`` (to the second)."""
-    try:
-        moment = dt.datetime.strptime(rfc3339[:19], "%Y-%m-%dT%H:%M:%S")
-    except ValueError:
-        return None
-    return moment.replace(tzinfo=dt.UTC).timestamp()

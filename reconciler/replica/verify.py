@@ -32,6 +32,7 @@ import structlog
 from nats.js import JetStreamContext
 
 from reconciler.bus.sending import publish
+from reconciler.core.messages import Subjects, observation_msg_id
 from reconciler.core.model import LeaseId
 from reconciler.replica.caches import Caches, Commit
 from reconciler.work.queue import TemporaryError, WorkQueue, run_with_resync
@@ -89,6 +90,7 @@ class SuspectVerifier:
         self.caches = caches
         self.js = js
         self.prefix = prefix
+        self.subjects = Subjects(prefix)
         self.probes = probes
         self.live_get_timeout_s = live_get_timeout_s
         self.workers = workers
@@ -174,12 +176,11 @@ class SuspectVerifier:
         }
         if seen.status is not None:
             payload["status"] = seen.status
-        msg_id = f"observation:{lease_id}:{checked}:{str(seen.present).lower()}"
         await publish(
             self.js,
-            f"{self.prefix}.in.host.{lease.host}.observation",
+            self.subjects.host_input(lease.host, "observation"),
             orjson.dumps(payload),
-            msg_id=msg_id,
+            msg_id=observation_msg_id(lease_id, checked, seen.present),
         )
         self.published += 1
         logger.info(

@@ -42,7 +42,7 @@ from reconciler.core.model import (
     RequestId,
     ResourceClass,
 )
-from reconciler.core.state import DecisionRecord, Effects, Output, State
+from reconciler.core.state import DecisionRecord, Effects, State
 from reconciler.store.codec import CodecError, decode, encode
 from reconciler.store.database import Database, check_worker_api, create_private
 from reconciler.store.errors import StoreError
@@ -143,13 +143,12 @@ class Batch:
     journal_at: int = 0
 
 
-def encode_batch(
-    state: State, fx: Effects, *, applied_seq: int, extra_outputs: Sequence[Output] = ()
-) -> Batch:
+def encode_batch(state: State, fx: Effects, *, applied_seq: int) -> Batch:
     """The rows of one batch: every entity ``fx`` names as changed (hosts and pools by
     ``host_rows`` and ``pool_rows``: a lease on them changes nothing of their rows), read
     from ``state`` (deleted when ``state`` no longer has it), its transitions, its
-    outputs then ``extra_outputs`` for the outbox, and the position ``applied_seq``."""
+    outputs for the outbox (the fold's and the dead letters, in stream order), and the
+    position ``applied_seq``."""
     writes: list[tuple[str, tuple[tuple[Any, ...], ...]]] = []
 
     def add(statement: str, rows: list[tuple[Any, ...]]) -> None:
@@ -235,7 +234,7 @@ def encode_batch(
             for t in fx.transitions
         ],
     )
-    outputs = [(o.subject, o.msg_id, o.payload) for o in (*fx.outputs, *extra_outputs)]
+    outputs = [(o.subject, o.msg_id, o.payload) for o in fx.outputs]
     if outputs:
         add(INSERT_OUTBOX, [(applied_seq, pack_outputs(outputs))])
     journal_at = max((t.at for t in fx.transitions), default=0)
@@ -392,23 +391,12 @@ class Store(Database):
 
     # ------------------------------------------------------------------ writes
 
-    async def commit(
-        self,
-        state: State,
-        fx: Effects,
-        *,
-        applied_seq: int,
-        extra_outputs: Sequence[Output] = (),
-    ) -> bool:
-        """Write one folded batch atomically, with the position ``applied_seq``.
-
-        ``extra_outputs`` (dead letters built by the bus) go to the outbox after the
-        fold's outputs; the batch's outbox row records ``applied_seq``. ``False``, and
-        nothing written, when ``applied_seq`` is at or below the stored position (a
-        redelivered batch).
+    async def commit(self, state: State, fx: Effects, *, applied_seq: int) -> bool:
+        """Write one folded batch atomically, with the position ``applied_seq``: the
+        batch's outbox row records it. ``False``, and nothing written, when
+        ``applied_seq`` is at or below the stored position (a redelivered batch).
         """
-        batch = encode_batch(state, fx, applied_seq=applied_seq, extra_outputs=extra_outputs)
-        return await self.write(batch)
+        return await self.write(encode_batch(state, fx, applied_seq=applied_seq))
 
     async def write(self, batch: Batch) -> bool:
         """Write an encoded batch in one transaction; see :meth:`commit`.
@@ -506,10 +494,6 @@ class Store(Database):
                 await conn.execute("COMMIT")
         state.reindex()
         return state
-
-    async def unsent_outbox(self, limit: int = 100_000) -> list[OutboxRow]:
-        """Unpublished outputs, oldest first, of at most ``limit`` batches."""
-        return (await self.outbox_snapshot(limit)).rows
 
     async def outbox_snapshot(self, limit: int = 200) -> OutboxSnapshot:
         """The unpublished outputs of up to ``limit`` batches, oldest first, with the

@@ -17,22 +17,40 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.bus import codec
 from reconciler.bus.codec import (
-    DLQ_PAYLOAD_CUT,
-    MAX_ERROR_CHARS,
     MAX_PAYLOAD_BYTES,
     BadInput,
     Decoded,
     Decoder,
-    dead_letter,
-    decode,
+    dead_letter_output,
 )
 from reconciler.bus.schemas import SCHEMAS_DIR_ENV, SchemaLoadError, load, schemas_dir
 from reconciler.core import inputs as ev
 from reconciler.core.inputs import KINDS
+from reconciler.core.messages import DLQ_PAYLOAD_CUT, MAX_ERROR_CHARS, DeadLetterReason, Subjects
 
 SCHEMAS = load()
+_DECODER = Decoder()
+
+
+def decode(subject: str, raw: bytes, *, prefix: str = "rc") -> Decoded | BadInput:
+    """One input decoded against the repository's schemas."""
+    return _DECODER.decode(subject, raw, prefix=prefix)
+
+
+def dead_letter(
+    subject: str,
+    stream_seq: int,
+    raw: bytes,
+    reason: DeadLetterReason,
+    error: str,
+    *,
+    prefix: str = "rc",
+) -> tuple[str, str | None, bytes]:
+    """The (subject, msg id, payload) that dead-letters one input under ``prefix``."""
+    out = dead_letter_output(subject, stream_seq, raw, reason, error)
+    return Subjects(prefix).absolute(out.subject), out.msg_id, out.payload
+
 
 EXPECTED_TYPE: dict[str, type] = {
     "host.snapshot": ev.HostSnapshot,
@@ -495,12 +513,6 @@ def test_a_missing_schema_is_a_deployment_error_not_bad_input(tmp_path: Path) ->
     (copied / "in" / "cmd.release.json").unlink()
     with pytest.raises(SchemaLoadError, match=r"in/cmd\.release\.json"):
         Decoder(schemas_dir=copied)
-
-
-def test_preload_replaces_the_default_decoder() -> None:
-    decoder = codec.preload()
-    assert isinstance(decoder.decode("rc.in.cmd.admit", data(ADMIT)), Decoded)
-    assert isinstance(decode("rc.in.cmd.admit", data(ADMIT)), Decoded)
 
 
 # ------------------------------------------------------------------ dead letters

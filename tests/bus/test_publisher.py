@@ -8,7 +8,7 @@ from nats.aio.client import Client
 
 from reconciler.bus.publisher import PublishError, publish_outputs
 from reconciler.bus.streams import StreamNames, ensure_streams
-from reconciler.core.state import Output
+from reconciler.core.messages import Output
 
 pytestmark = pytest.mark.timeout(30)
 

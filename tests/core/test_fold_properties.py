@@ -74,6 +74,7 @@ from reconciler.core.inputs import (
     Observation,
     RenderRuntime,
 )
+from reconciler.core.messages import Output
 from reconciler.core.model import (
     TAG_JOB,
     TAG_KIND,
@@ -96,7 +97,7 @@ from reconciler.core.placement import (
     resolve_claims,
 )
 from reconciler.core.runtime import is_stale
-from reconciler.core.state import Effects, Output, State
+from reconciler.core.state import Effects, State
 from tests.support.builders import (
     Fleet,
     admit,

@@ -23,7 +23,7 @@ import orjson
 import pytest
 
 from reconciler.core import frozen, inputs, model, placement, preemption, state
-from reconciler.core.fold import lease_payload
+from reconciler.core.messages import lease_payload
 from reconciler.core.model import (
     Host,
     HostName,

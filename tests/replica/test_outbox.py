@@ -11,7 +11,8 @@ from typing import Any
 import anyio
 from nats.aio.client import Client
 
-from reconciler.core.state import Effects, Output
+from reconciler.core.messages import Output
+from reconciler.core.state import Effects
 from reconciler.replica.caches import Commit
 from reconciler.replica.leader import Leadership
 from reconciler.replica.outbox import OutboxPublisher

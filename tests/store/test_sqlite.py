@@ -22,8 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.core.fold import fold, fold_batch
+from reconciler.core.fold import fold
 from reconciler.core.inputs import Message
+from reconciler.core.messages import Output
 from reconciler.core.model import (
     ClassName,
     HostName,
@@ -33,7 +34,7 @@ from reconciler.core.model import (
     PoolName,
     RequestId,
 )
-from reconciler.core.state import Effects, Output, State
+from reconciler.core.state import Effects, State
 from reconciler.store import (
     SchemaTooNew,
     Store,
@@ -49,6 +50,7 @@ from tests.core.test_fold_properties import out_tuples
 from tests.core.test_retention import Clocked
 from tests.support import builders as b
 from tests.support.builders import admit, cmd, message, pool, snapshot
+from tests.support.folding import fold_batch, unsent_outbox
 
 # ============================================================================ scenario
 
@@ -431,7 +433,8 @@ async def test_outbox_batches_are_published_through_a_position(tmp_path: Path) -
     state, fx = folded(MESSAGES[:14])
     expected = [*outputs(fx), (DEAD_LETTER.subject, DEAD_LETTER.msg_id, DEAD_LETTER.payload)]
     async with await Store.open(db) as store:
-        assert await store.commit(state, fx, applied_seq=14, extra_outputs=[DEAD_LETTER])
+        fx.outputs.append(DEAD_LETTER)  # a dead letter goes to the outbox as the fold's do
+        assert await store.commit(state, fx, applied_seq=14)
         snap = await store.outbox_snapshot()
         assert [(r.subject, r.msg_id, r.payload) for r in snap.rows] == expected
         assert {r.input_seq for r in snap.rows} == {14}
@@ -449,7 +452,7 @@ async def test_outbox_batches_are_published_through_a_position(tmp_path: Path) -
         assert (rest.through_seq, rest.complete) == (20, True)
         assert await store.published_seq() == 14
         await store.mark_published_through(rest.through_seq)
-        assert await store.unsent_outbox() == []
+        assert await unsent_outbox(store) == []
         assert await store.published_seq() == 20
         await store.mark_published_through(3)  # never backwards
         assert await store.published_seq() == 20
@@ -463,7 +466,7 @@ async def test_a_batch_at_or_below_the_published_position_writes_no_outbox(
     async with await Store.open(tmp_path / "rc.db") as store:
         await store.mark_published_through(20)
         assert await store.commit(state, fx, applied_seq=14)
-        assert await store.unsent_outbox() == []
+        assert await unsent_outbox(store) == []
         assert await store.applied_seq() == 14
 
 
@@ -479,7 +482,7 @@ async def test_unsent_outbox_survives_a_restart(tmp_path: Path) -> None:
         first = await store.outbox_snapshot(limit=2)
         await store.mark_published_through(first.through_seq)
     async with await Store.open(db) as store:
-        rest = await store.unsent_outbox()
+        rest = await unsent_outbox(store)
     assert [(r.subject, r.msg_id, r.payload) for r in first.rows + rest] == outputs(FULL_FX)
 
 
@@ -575,7 +578,7 @@ async def test_opening_a_v1_database_migrates_it(tmp_path: Path) -> None:
     async with await Store.open(db) as store:
         assert await store.schema_version() == mig.LATEST
         assert_same_state(await store.load_state(), FULL_STATE)
-        assert [r.payload for r in await store.unsent_outbox(10_000)] == [
+        assert [r.payload for r in await unsent_outbox(store, 10_000)] == [
             o.payload for o in FULL_FX.outputs
         ]
     assert raw_rows(db, "SELECT version FROM schema_version") == [(mig.LATEST,)]
@@ -687,7 +690,7 @@ async def test_a_closed_store_says_so(tmp_path: Path) -> None:
     with pytest.raises(StoreClosed):
         await store.commit(FULL_STATE, FULL_FX, applied_seq=N)
     with pytest.raises(StoreError):
-        await store.unsent_outbox()
+        await unsent_outbox(store)
 
 
 async def test_unencodable_state_is_a_store_error_before_any_write(tmp_path: Path) -> None:
@@ -724,7 +727,7 @@ async def test_concurrent_calls_do_not_interleave_transactions(tmp_path: Path) -
 
         await asyncio.gather(publisher(), consumer())
         assert_same_state(await store.load_state(), FULL_STATE)
-        rest = await store.unsent_outbox()
+        rest = await unsent_outbox(store)
     assert published + [(r.subject, r.msg_id, r.payload) for r in rest] == outputs(FULL_FX)
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.core.fold import fold_batch
 from reconciler.core.state import State
 from reconciler.store import Store, StoreError
 from reconciler.store.writer import PIPE_BYTES, WriterProcess
@@ -29,6 +28,7 @@ from tests.store.test_sqlite import (
     all_outbox,
     assert_same_state,
 )
+from tests.support.folding import fold_batch
 from tests.support.repo import ROOT
 
 #: the largest pipe an unprivileged process may ask for (Linux)
