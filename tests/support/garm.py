@@ -258,21 +258,27 @@ class Garm:
         await process.stdin.send(orjson.dumps(body))
         await process.stdin.aclose()
         finished: list[int] = []
-        async with anyio.create_task_group() as tg:
+        try:
+            async with anyio.create_task_group() as tg:
 
-            async def wait_exit() -> None:
-                finished.append(await process.wait())
-                tg.cancel_scope.cancel()
+                async def wait_exit() -> None:
+                    finished.append(await process.wait())
+                    tg.cancel_scope.cancel()
 
-            async def kill() -> None:
-                await when()
-                process.send_signal(signal.SIGKILL)
-                await process.wait()
-                tg.cancel_scope.cancel()
+                async def kill() -> None:
+                    await when()
+                    process.send_signal(signal.SIGKILL)
+                    await process.wait()
+                    tg.cancel_scope.cancel()
 
-            tg.start_soon(wait_exit)
-            tg.start_soon(kill)
-        await process.aclose()
+                tg.start_soon(wait_exit)
+                tg.start_soon(kill)
+        finally:  # whatever failed (``when`` included), no process is left running
+            with anyio.CancelScope(shield=True):
+                if process.returncode is None:
+                    process.send_signal(signal.SIGKILL)
+                    await process.wait()
+                await process.aclose()
         if finished and finished[0] >= 0:
             return Call(finished[0], b"", b"", time.monotonic() - started)
         return None
