@@ -12,7 +12,7 @@ Rules:
   (credentials may be rotated meanwhile). A one-shot connection (with
   ``initial_timeout_s``) logs its connect and close at debug only.
 - Disconnects, reconnects, errors and the final close are logged through structlog; the
-  client never prints.
+  client never prints. A failed attempt's socket is closed before the next attempt.
 - ``tls_ca_file`` makes a TLS context that verifies the server against that CA; without
   it, a ``tls://`` URL uses the system's trust store. ``tls_cert_file`` and
   ``tls_key_file`` add a client certificate (a server with ``verify: true`` asks for one).
@@ -159,7 +159,7 @@ async def connect(opts: ConnectOptions) -> Client:
             "--nats-creds and --nats-nkey need the nkeys package (pip install 'nats-py[nkeys]')"
         )
     log = logger.bind(connection=opts.name)
-    nc = _TlsOnlyClient() if opts.requires_tls else Client()
+    nc = _TlsOnlyClient() if opts.requires_tls else _Client()
     watch = watch_of(nc)
     #: why the first connection can never succeed (TLS or credentials refused)
     refusals: list[str] = []
@@ -274,7 +274,25 @@ class TlsNotOffered(nats_errors.Error):
         )
 
 
-class _TlsOnlyClient(Client):
+class _Client(Client):
+    """A nats-py client that closes a failed attempt's socket before it opens the next.
+
+    nats-py keeps one transport per client and opens each new connection in it. When an
+    attempt failed after its TCP connect (a server that hung up before its ``INFO``: a
+    node going down behind a proxy or a port forward; a refused ``CONNECT``), the
+    reconnection loop goes on to the next server without closing that socket: the
+    transport drops it, and only the garbage collector closes it, with a
+    ``ResourceWarning``. The transport is closed here before every new connection (a
+    no-op when nats-py closed it already)."""
+
+    async def _connect_to_server(self, s: Any) -> None:
+        transport = getattr(self, "_transport", None)
+        if transport is not None:
+            transport.close()
+        await super()._connect_to_server(s)
+
+
+class _TlsOnlyClient(_Client):
     """A nats-py client that never speaks plaintext to a server.
 
     nats-py reads a server's ``INFO`` and hands it to ``_process_info`` (with

@@ -3,12 +3,15 @@ reconnects, against the real nats-server of the ``nats_server`` fixture."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import socket
+import warnings
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import pytest
 from structlog.testing import capture_logs
 
@@ -101,3 +104,49 @@ def test_connect_options_never_show_the_password_in_their_repr() -> None:
 
     opts = ConnectOptions(user="bridge", password="s3cret-hunter2")
     assert "s3cret-hunter2" not in repr(opts) and "bridge" in repr(opts)
+
+
+async def test_a_server_that_hangs_up_before_its_info_leaves_no_socket_open(
+    tmp_path: Path,
+) -> None:
+    """While reconnecting, a listener that accepts and hangs up at once (a node going
+    down behind a proxy or load balancer, a port forward whose target is gone) fails
+    each attempt before the server's INFO; every such socket is closed before the next
+    attempt, none left to the garbage collector (nats-py drops it unclosed)."""
+    if os.environ.get("RC_TEST_NATS_URL"):
+        pytest.skip("needs a server this test controls")
+    hangups = 0
+
+    async def hang_up(stream: anyio.abc.SocketStream) -> None:
+        nonlocal hangups
+        hangups += 1
+        await stream.aclose()
+
+    with start_nats_server(tmp_path) as server:
+        assert isinstance(server, NatsProcess)
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        opts = ConnectOptions(
+            urls=(server.url, f"nats://127.0.0.1:{port}"),
+            reconnect_wait_s=0.05,
+            connect_timeout_s=0.5,
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            async with listener, anyio.create_task_group() as tg:
+                tg.start_soon(listener.serve, hang_up)
+                client = await connect(opts)
+                try:
+                    async with expect_reconnect(client, within_s=10):
+                        server.kill()
+                        with anyio.fail_after(5):
+                            while hangups < 4:  # noqa: ASYNC110 - a counter
+                                await anyio.sleep(0.02)
+                        server.start()
+                    await client.flush(timeout=2)
+                finally:
+                    await client.close()
+                tg.cancel_scope.cancel()
+            gc.collect()
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert unclosed == []

@@ -22,7 +22,7 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
-from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError, ServiceUnavailableError
 
 from reconciler.bus.connection import ConnectOptions
 from reconciler.bus.streams import StreamNames, ensure_streams
@@ -270,8 +270,18 @@ class Stamped:
     at: float
 
 
+#: how long pull requests answered "no responders" are sent again (see stream_messages)
+UNANSWERED_PULLS_S = 10.0
+
+
 async def stream_messages(js: Any, stream: str, subjects: str) -> list[Stamped]:
-    """Every message of ``stream`` (an ephemeral consumer, no acks), in stream order."""
+    """Every message of ``stream`` (an ephemeral consumer, no acks), in stream order.
+
+    On a cluster, the server this client talks to may learn of the new consumer's
+    interest in its pull requests after the consumer was created (it lives on another
+    server, whose interest travels its own route): a pull request in between is
+    answered 503, no responders, and nothing is delivered for it. Such requests are sent
+    again for up to :data:`UNANSWERED_PULLS_S`."""
     sub = await js.pull_subscribe(
         subjects,
         stream=stream,
@@ -281,9 +291,17 @@ async def stream_messages(js: Any, stream: str, subjects: str) -> list[Stamped]:
     )
     out: list[Stamped] = []
     total = (await js.stream_info(stream)).state.messages
+    unanswered_until = anyio.current_time() + UNANSWERED_PULLS_S
     try:
         while len(out) < total:
-            for m in await sub.fetch(1000, timeout=10):
+            try:
+                fetched = await sub.fetch(1000, timeout=10)
+            except ServiceUnavailableError:
+                if anyio.current_time() > unanswered_until:
+                    raise
+                await anyio.sleep(0.1)
+                continue
+            for m in fetched:
                 headers = m.headers or {}
                 out.append(
                     Stamped(m.subject, headers.get("Nats-Msg-Id"), m.metadata.timestamp.timestamp())

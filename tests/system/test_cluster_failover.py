@@ -32,6 +32,7 @@ from reconciler.store.sqlite import Store
 from tests.support.builders import subject_of
 from tests.support.bus import BusClient, leader_holder, stream_messages
 from tests.support.cluster import Deployment, Node, deployment
+from tests.support.state_diff import differences
 from tests.support.workload import mixed, publish_steadily
 from tests.system.test_deployment import cli_options, reconciler
 from tests.system.test_faults import applied_seq
@@ -196,14 +197,9 @@ async def test_node_kills_under_load_decide_every_command_exactly_once(tmp_path:
                 f"{len(state.jobs)} jobs, {len(state.released_at)} released"
             )
         if len(set(digests.values())) > 1:
-            first, second = (states[n] for n in names)
-            for table in ("leases", "decisions", "jobs", "released_at", "hosts", "pools"):
-                a, b = getattr(first, table), getattr(second, table)
-                differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
-                if differ:
-                    print(f"stores differ in {table}: {len(differ)}, first {differ[:3]}")
-                    for k in differ[:3]:
-                        print(f"  {k}: {a.get(k)!r}\n  vs {b.get(k)!r}")
+            first, second = names
+            differ = differences(states[first], states[second], names=(first, second))
+            print("where the stores differ:\n" + "\n".join(differ))
         assert len(kills) == 2
         assert doubles == []
         assert undecided == set()
