@@ -7,10 +7,13 @@ admin user runs this once (and again after changing a setting; it is idempotent)
   ``--stream-replicas`` replicas
   (an existing stream's replica count and limits are updated to what is asked);
 - one durable consumer per ``--executor-host`` (and per host of ``--incus-fleet``, the
-  fleet file the executor reads) on the OUT stream, as the executor would
-  create it (``executor-<host>``, filter ``<prefix>.out.exec.<host>.>``, delivering new
-  commands only), so that executors need no consumer-create permission, which could
-  otherwise set a push ``deliver_subject`` to any subject.
+  fleet file the executor reads) on the OUT stream, exactly as the executor would create
+  it with its defaults (:func:`~reconciler.bus.consumers.ensure_executor_consumer`:
+  ``executor-<host>``, filter ``<prefix>.out.exec.<host>.>``, delivering the commands of
+  the last hour, so that creates decided before the host was provisioned still reach its
+  executor), so that executors need no consumer-create permission, which could
+  otherwise set a push ``deliver_subject`` to any subject. One that exists is left as it
+  is.
 
 Replicas' input consumers (``<PREFIX>_IN-<replica>``) are not made here: a replica
 recreates its own at every start, from the position its store has committed.
@@ -19,23 +22,21 @@ recreates its own at every start, from the position its store has committed.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from pathlib import Path
 from typing import Any
 
 import anyio
 import click
-from nats.js import api
-from nats.js.errors import NotFoundError
 
 from reconciler.bus.connection import connect
+from reconciler.bus.consumers import Ensured, ensure_executor_consumer
 from reconciler.bus.streams import (
     DEFAULT_LEADER_TTL_S,
     StreamNames,
     StreamSetupError,
     ensure_streams,
 )
-from reconciler.bus.violations import PermissionViolation, guarded
+from reconciler.bus.violations import PermissionViolation
 from reconciler.cli.options import (
     Common,
     bus_options,
@@ -120,27 +121,20 @@ async def _provision(
             f"object store {snapshots.name}: {replicas} replica(s)"
         ]
         for host in hosts:
-            durable = consumer_name(host)
-            try:
-                await js.consumer_info(names.out_stream, durable)
-                done.append(f"consumer {names.out_stream}/{durable}: exists, left as it is")
-                continue
-            except NotFoundError:
-                pass
-            config = api.ConsumerConfig(
-                durable_name=durable,
-                description=f"reconciler executor of host {host}",
-                filter_subject=names.subjects.exec_commands(host),
-                ack_policy=api.AckPolicy.EXPLICIT,
-                ack_wait=float(config_default(ExecutorConfig, "ack_wait_s")),
-                max_deliver=-1,
-                max_ack_pending=int(config_default(ExecutorConfig, "max_in_hand")),
-                replay_policy=api.ReplayPolicy.INSTANT,
-                deliver_policy=api.DeliverPolicy.NEW,
-                num_replicas=replicas,
+            ensured = await ensure_executor_consumer(
+                nc,
+                js,
+                stream=names.out_stream,
+                prefix=common.prefix,
+                host=host,
+                ack_wait_s=float(config_default(ExecutorConfig, "ack_wait_s")),
+                max_in_hand=int(config_default(ExecutorConfig, "max_in_hand")),
+                catch_up_s=float(config_default(ExecutorConfig, "catch_up_s")),
+                replicas=replicas,
+                update=False,
             )
-            await guarded(nc, functools.partial(js.add_consumer, names.out_stream, config=config))
-            done.append(f"consumer {names.out_stream}/{durable}: created")
+            what = "created" if ensured is Ensured.CREATED else "exists, left as it is"
+            done.append(f"consumer {names.out_stream}/{consumer_name(host)}: {what}")
         return done
     finally:
         with anyio.CancelScope(shield=True):

@@ -5,8 +5,10 @@ Rules:
 
 - Both streams are only read: ephemeral pull consumers without acks
   (``AckPolicy.NONE``), in memory, one replica, deleted afterwards (and gone by
-  themselves once inactive), with pull requests of ``chunk`` messages made ahead so the
-  next deliveries are on their way while the caller folds.
+  themselves once inactive; :func:`~reconciler.bus.consumers.replay_reader`), read by
+  the project's one pull reader (:class:`~reconciler.bus.reader.PullReader`), with pull
+  requests of ``chunk`` messages made ahead so the next deliveries are on their way
+  while the caller folds.
 - Deliveries are taken in order; one lost between server and client (the consumer's
   own sequence skips, or, at the tail, requests end with nothing short of the sequence
   the stream is known to hold) restarts the consumer after the last one taken.
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import functools
 import logging
 import os
 import pickle
@@ -40,7 +41,6 @@ import secrets
 import struct
 import sys
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -48,7 +48,6 @@ from typing import Any, BinaryIO
 
 import anyio
 import anyio.to_thread
-import orjson
 import structlog
 from anyio.abc import ByteSendStream
 from anyio.streams.buffered import BufferedByteReceiveStream
@@ -56,14 +55,9 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext, api
 
 from reconciler.bus.connection import ConnectOptions, connect
-from reconciler.bus.consumer import rfc3339_nanos
-from reconciler.bus.direct import (
-    DirectSubscription,
-    header_value,
-    parse_headers,
-    status_of,
-    subscribe_direct,
-)
+from reconciler.bus.consumers import REPLAY_AHEAD, REPLAY_CHUNK, STALL_S, replay_reader
+from reconciler.bus.direct import header_value
+from reconciler.bus.reader import PullReader, RawMessage, rfc3339_nanos
 from reconciler.bus.streams import StreamNames
 from reconciler.core.messages import MSG_ID
 from reconciler.store.pipes import widen_pipe
@@ -91,8 +85,6 @@ class ReaderError(RuntimeError):
     """The reader child failed (the message says why: it could not connect, say)."""
 
 
-#: a message as received: subject, reply (ack) subject, payload, raw header block
-RawMessage = tuple[str, str, bytes, bytes | None]
 #: an output kept for the comparison: stream sequence, ``Nats-Msg-Id``, subject, payload
 Found = tuple[int, str, str, bytes]
 #: an input as read: subject, payload, stream sequence, deliveries, storage time (RFC
@@ -118,23 +110,17 @@ _PIPE_BYTES = 4 << 20
 #: how many times the OUT stream's end is asked again once the reader reached it
 _END_RECHECKS = 5
 #: messages per pull request of the replay's readers (at least; ``batch`` if larger)
-READ_CHUNK = 1000
-#: pull requests of a reader buffered or owed: the next deliveries are on their way
-_READ_AHEAD = 3
-#: how long past a pull request's expiry a reader waits before it asks again
-_READ_GRACE_S = 5.0
-#: status codes that end a pull request (404 no messages, 408 expired, 409 refused)
-_REQUEST_OVER = frozenset({"404", "408", "409"})
+READ_CHUNK = REPLAY_CHUNK
 
 
-class StreamReader:
+class StreamReader(PullReader):
     """A read-only, in-order reader of one stream for the replay: an ephemeral pull
-    consumer without acks (``AckPolicy.NONE``: nothing to ack, nothing redelivered), pull
-    requests of ``chunk`` messages made ahead (:data:`_READ_AHEAD` of them buffered or
-    owed, so the next deliveries are on their way while the caller folds), buffered by a
-    subscription callback. A delivery lost between server and client (the consumer's own
-    sequence skips) restarts the consumer after the last one taken; a gap in the stream
-    sequence with no skip is the stream's own (a purge) and is read over."""
+    consumer without acks (:func:`~reconciler.bus.consumers.replay_reader`), read by a
+    :class:`~reconciler.bus.reader.PullReader` asking for ``chunk`` messages a request,
+    :data:`~reconciler.bus.consumers.REPLAY_AHEAD` requests ahead. A delivery lost
+    between server and client (the consumer's own sequence skips) restarts the consumer
+    after the last one taken; a gap in the stream sequence with no skip is the stream's
+    own (a purge) and is read over."""
 
     def __init__(
         self,
@@ -147,92 +133,32 @@ class StreamReader:
         start_time: dt.datetime | None = None,
         timeout_s: float = 1.0,
     ) -> None:
-        self._nc, self._js = nc, js
-        self.stream = stream
+        super().__init__(
+            nc, stream=stream, batch=chunk, ahead=REPLAY_AHEAD, expires_s=timeout_s, stall_s=STALL_S
+        )
+        self._js = js
         self.chunk = chunk
         self.timeout_s = timeout_s
         self._start_time = start_time if start_seq is None else None
         self._start_seq = start_seq
         self.name = ""
-        self._sub: DirectSubscription | None = None
-        self._pull = ""
-        self._inbox = ""
-        self._buffer: deque[RawMessage] = deque()
-        self._owed = 0
-        self._arrived = anyio.Event()
         #: the stream sequence of the last message taken; the consumer sequence expected
         self.last_taken = 0
         self._next_cseq = 1
-        self._broken = False
-        #: which subscription is current: a callback of an earlier one is ignored
-        self._generation = 0
 
     async def start(self) -> None:
         await self._close_consumer()
         self.name = f"replay-{secrets.token_hex(6)}"
         if self.last_taken:
-            policy = api.DeliverPolicy.BY_START_SEQUENCE
-            start_seq, start_time = self.last_taken + 1, None
-        elif self._start_seq is not None:
-            policy = api.DeliverPolicy.BY_START_SEQUENCE
-            start_seq, start_time = self._start_seq, None
-        elif self._start_time is not None:
-            policy, start_seq, start_time = api.DeliverPolicy.BY_START_TIME, None, self._start_time
+            config = replay_reader(self.name, start_seq=self.last_taken + 1)
         else:
-            policy, start_seq, start_time = api.DeliverPolicy.ALL, None, None
-        await self._js.add_consumer(
-            self.stream,
-            config=api.ConsumerConfig(
-                name=self.name,
-                deliver_policy=policy,
-                opt_start_seq=start_seq,
-                opt_start_time=start_time,
-                ack_policy=api.AckPolicy.NONE,
-                replay_policy=api.ReplayPolicy.INSTANT,
-                max_waiting=16,
-                num_replicas=1,
-                mem_storage=True,
-                inactive_threshold=60.0,
-            ),
-        )
-        self._buffer.clear()
-        self._owed = 0
+            config = replay_reader(
+                self.name, start_seq=self._start_seq, start_time=self._start_time
+            )
+        await self._js.add_consumer(self.stream, config=config)
+        await self.bind(self.name)
         self._next_cseq = 1
-        self._broken = False
-        self._generation += 1
-        self._inbox = self._nc.new_inbox()
-        # bounded by the requests made ahead (_READ_AHEAD chunks), not by a queue
-        self._sub = await subscribe_direct(
-            self._nc, self._inbox, functools.partial(self._on_message, self._generation)
-        )
-        self._pull = f"{api.DEFAULT_PREFIX}.CONSUMER.MSG.NEXT.{self.stream}.{self.name}"
-        await self._pull_ahead()
-
-    def _on_message(
-        self, generation: int, subject: str, reply: str, data: bytes, headers: bytes | None
-    ) -> None:
-        if generation != self._generation:
-            return
-        status = status_of(headers)
-        if status is None:
-            self._buffer.append((subject, reply, data, headers))
-            self._owed = max(0, self._owed - 1)
-        elif status in _REQUEST_OVER:
-            left = parse_headers(headers).get("Nats-Pending-Messages")
-            self._owed = max(0, self._owed - int(left)) if left and left.isdigit() else 0
-            if status == "409":
-                self._broken = True
-        self._arrived.set()
-
-    async def _pull_ahead(self) -> None:
-        while len(self._buffer) + self._owed < _READ_AHEAD * self.chunk:
-            self._owed += self.chunk
-            request = {"batch": self.chunk, "expires": int(self.timeout_s * 1e9)}
-            await self._nc.publish(self._pull, orjson.dumps(request), reply=self._inbox)
-
-    def wake(self) -> None:
-        """Have a :meth:`take` waiting for messages return (empty) at once."""
-        self._arrived.set()
+        await self.pull_ahead()
 
     async def take(self, *, until: int | None = None) -> list[tuple[RawMessage, int, int, int]]:
         """Up to ``chunk`` messages in order, each with ``(stream_seq, delivered,
@@ -240,26 +166,20 @@ class StreamReader:
         sequence the stream is known to hold. Requests that end with nothing delivered
         short of it mean a delivery was lost at the tail, where no later one shows the
         consumer sequence skipping: the consumer restarts after the last one taken."""
-        if self._broken or self._sub is None:
+        if self.needs_binding():
             await self.start()
         if not self._buffer:
-            self._arrived = anyio.Event()
-            await self._pull_ahead()
-            with anyio.move_on_after(self.timeout_s + _READ_GRACE_S) as scope:
-                await self._arrived.wait()
-            if scope.cancelled_caught:  # the server lost the requests (a reconnect)
-                self._broken = True
+            await self.wait()
+            if self.broken is not None:  # stalled: the server lost the requests
                 return []
             if not self._buffer and until is not None and self.last_taken < until:
                 logger.warning(
                     "replay.read_stalled", stream=self.stream, after=self.last_taken, until=until
                 )
-                self._broken = True
+                self.broken = "read stalled"
                 return []
         out: list[tuple[RawMessage, int, int, int]] = []
-        buffer = self._buffer
-        for _ in range(min(self.chunk, len(buffer))):
-            msg = buffer.popleft()
+        for msg in self.pop_buffered(self.chunk):
             tokens = msg[1].split(".")
             if len(tokens) == 9:
                 base = 4
@@ -271,13 +191,13 @@ class StreamReader:
             if cseq != self._next_cseq:
                 # a delivery lost on the way: read again after the last one taken
                 logger.warning("replay.read_gap", stream=self.stream, after=self.last_taken)
-                self._broken = True
+                self.broken = "read gap"
                 return out
             self._next_cseq = cseq + 1
             seq = int(tokens[base + 1])
             self.last_taken = seq
             out.append((msg, seq, int(tokens[base]), int(tokens[base + 3])))
-        await self._pull_ahead()
+        await self.pull_ahead()
         return out
 
     async def stream_info(self) -> api.StreamInfo:
@@ -285,11 +205,8 @@ class StreamReader:
         return await self._js.stream_info(self.stream)
 
     async def _close_consumer(self) -> None:
-        sub, self._sub = self._sub, None
+        await self.unbind()
         name, self.name = self.name, ""
-        if sub is not None and not self._nc.is_closed:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
         if name:
             try:
                 await self._js.delete_consumer(self.stream, name)
