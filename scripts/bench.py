@@ -863,8 +863,9 @@ class Baseline:
 
 
 async def _pull_from_start(ctx: Context, names: StreamNames, durable: str) -> Any:
-    """A pull subscription on a new durable over the whole IN stream, with the reconciler's
-    consumer settings (``InputConsumer.start``): what the baselines measure against."""
+    """A pull subscription on a new durable over the whole IN stream, as a plain nats-py
+    client makes one (explicit acks, one per message, where the reconciler's own consumer
+    acks cumulatively: ``reconciler.bus.consumers``): what the baselines measure against."""
     batch = ctx.opts.batch
     await ctx.js.add_consumer(
         names.in_stream,
@@ -887,8 +888,8 @@ async def _pull_from_start(ctx: Context, names: StreamNames, durable: str) -> An
 async def baseline_fetch_ack(
     ctx: Context, names: StreamNames, *, total: int, durable: str
 ) -> Baseline:
-    """A bare nats-py ``fetch(batch)`` + ``msg.ack()`` loop over the whole IN stream, with
-    the reconciler's consumer settings (``InputConsumer.start``)."""
+    """A bare nats-py ``fetch(batch)`` + ``msg.ack()`` loop over the whole IN stream
+    (:func:`_pull_from_start`)."""
     js, batch = ctx.js, ctx.opts.batch
     sub = await _pull_from_start(ctx, names, durable)
     try:
