@@ -21,6 +21,7 @@ from reconciler.bus.reader import (
     ACK,
     PullReader,
     parse_ack_subject,
+    pending_of,
     reply,
     rfc3339_nanos,
 )
@@ -58,6 +59,9 @@ def test_ack_subjects_and_timestamps() -> None:
         2,
         1764669600123456789,
     )
+    assert pending_of("$JS.ACK.RC_OUT.c1.1.9.9.1764669600000000001.17") == 17
+    assert pending_of("$JS.ACK.hub.ACCHASH.RC_OUT.c1.1.9.9.1764669600000000001.4.x") == 4
+    assert pending_of("_INBOX.abc") == 0
     assert rfc3339_nanos(1764669600000000001) == "2025-12-02T10:00:00.000000001Z"
 
 

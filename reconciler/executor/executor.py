@@ -228,7 +228,7 @@ class _Held:
     stream_seq: int
     command: Command
     #: the ack subject of its newest delivery: where the verdict goes
-    reply: str
+    ack_subject: str
     delivered: int
     received: float
     started: float | None = None
@@ -473,7 +473,7 @@ class Executor:
         self.counts.backlog[host] = pending_of(ack_subject)
         held = self._held.get((host, seq))
         if held is not None:  # redelivered while held: ack with the newest handle
-            held.reply, held.delivered = ack_subject, delivered
+            held.ack_subject, held.delivered = ack_subject, delivered
             log.info("command.redelivered_while_held", stream_seq=seq, delivered=delivered)
             return
         parsed = self._parser.parse(subject, data, prefix=self.config.prefix, host=host)
@@ -493,7 +493,7 @@ class Executor:
             host=host,
             stream_seq=seq,
             command=parsed,
-            reply=ack_subject,
+            ack_subject=ack_subject,
             delivered=delivered,
             received=time.monotonic(),
         )
@@ -620,7 +620,7 @@ class Executor:
             self.stats["duplicate"] += 1
             self.counts.duplicates[(held.host, command.verb)] += 1
             logger.info("command.duplicate", **fields, first_seq=verdict.earlier.stream_seq)
-            await self._reply(held.reply, "ack", logger)
+            await self._reply(held.ack_subject, "ack", logger)
             return
         await self.store.record(
             FinishedCommand(
@@ -644,7 +644,7 @@ class Executor:
             logger.error("command.gave_up", **fields)
         else:
             logger.info("command.done", **fields)
-        await self._reply(held.reply, verdict.reply, logger)
+        await self._reply(held.ack_subject, verdict.reply, logger)
 
     def _unhold(self, held: _Held) -> None:
         if self._held.pop((held.host, held.stream_seq), None) is not None:
@@ -656,7 +656,7 @@ class Executor:
         """At shutdown: ``nak`` every held command not finished, in stream order."""
         left = sorted(self._held.values(), key=lambda h: (h.host, h.stream_seq))
         for held in left:
-            await self._reply(held.reply, "nak", logger)
+            await self._reply(held.ack_subject, "nak", logger)
         if left:
             logger.info("executor.released_unfinished", count=len(left))
         self._held.clear()
@@ -674,7 +674,7 @@ class Executor:
                 continue
             for held in list(self._held.values()):
                 try:
-                    await reply(nc, (held.reply,), PROGRESS)
+                    await reply(nc, (held.ack_subject,), PROGRESS)
                 except Exception as exc:  # closed or reconnecting: redelivery is handled
                     logger.debug("command.heartbeat_failed", error=repr(exc))
 
