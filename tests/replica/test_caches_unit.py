@@ -34,8 +34,8 @@ from reconciler.replica.caches import MERGE_LIMIT, Caches, Commit
 from reconciler.store.digest import state_digest
 from reconciler.store.errors import StoreError
 from reconciler.store.sqlite import Store
-from tests import builders as b
-from tests.bus import BusClient
+from tests.support import builders as b
+from tests.support.bus import BusClient
 
 pytestmark = pytest.mark.timeout(60)
 
