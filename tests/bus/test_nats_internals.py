@@ -27,7 +27,7 @@ from reconciler.bus.nats_internals import UnsupportedNatsPy
 from reconciler.bus.publisher import publish_outputs
 from reconciler.bus.sending import publish
 from reconciler.bus.streams import StreamNames, ensure_streams
-from reconciler.core.state import Output
+from reconciler.core.messages import Output
 from tests.support.bus import BusClient
 
 pytestmark = pytest.mark.timeout(30)

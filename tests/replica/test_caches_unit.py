@@ -29,7 +29,7 @@ from nats.aio.msg import Msg
 from reconciler.bus.codec import Decoder
 from reconciler.bus.consumer import InputConsumer
 from reconciler.bus.reader import parse_ack_subject
-from reconciler.core.state import Output
+from reconciler.core.messages import Output
 from reconciler.replica.caches import MERGE_LIMIT, Caches, Commit
 from reconciler.store.digest import state_digest
 from reconciler.store.errors import StoreError
