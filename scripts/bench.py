@@ -1507,7 +1507,7 @@ async def _replay_from_snapshot(
     """One replay of the tail, connected as ``reconciler replay`` is (both streams read by
     its child process): its time, parts and CPU (its own and its child's)."""
     from reconciler.bus.connection import ConnectOptions
-    from reconciler.replica.replay import replay_into
+    from reconciler.replay.replay import replay_into
 
     started = time.perf_counter()
     cpu = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -15,7 +15,7 @@ All of them are pull consumers read by :class:`~reconciler.bus.reader.PullReader
   The replay's own fold (``--db``) reads through one too, named ``replay-<random>`` and
   deleted afterwards.
 - **The replay's readers** ``replay-<random>`` of both streams (:func:`replay_reader`,
-  read by :class:`~reconciler.replica.replay_reading.StreamReader`): ephemeral, gone by
+  read by :class:`~reconciler.replay.readers.StreamReader`): ephemeral, gone by
   themselves :data:`REPLAY_INACTIVE_S` after their last use, no acks (nothing to ack,
   nothing redelivered), from the start, a sequence or a time; one replica, in memory;
   :data:`REPLAY_CHUNK` messages a request, :data:`REPLAY_AHEAD` requests ahead.

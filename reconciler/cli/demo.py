@@ -57,7 +57,7 @@ from reconciler.executor.executor import Executor, ExecutorConfig
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.simulator import Fleet, FleetOptions, GpuShape, HostShape, Listen
 from reconciler.incus.views import InstanceSpec
-from reconciler.replica.replay import replay_into
+from reconciler.replay.replay import replay_into
 from reconciler.replica.runtime import Replica, RunConfig
 from reconciler.store.digest import state_digest
 

@@ -31,7 +31,7 @@ from reconciler.cli.options import (
 from reconciler.cli.overview import overview_lines
 from reconciler.cli.retention_options import decision_retention_option, retention_options
 from reconciler.cli.signals import run_until_signalled
-from reconciler.replica.replay import ReplayError, replay
+from reconciler.replay.replay import ReplayError, replay
 from reconciler.replica.runtime import Replica, RunConfig, StartupError, default_replica_name
 from reconciler.store.errors import StoreError
 

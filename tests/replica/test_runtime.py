@@ -17,8 +17,8 @@ from reconciler.bus.consumer import InputConsumer
 from reconciler.bus.schemas import load
 from reconciler.core.model import PoolName
 from reconciler.core.state import State
+from reconciler.replay.replay import replay_into
 from reconciler.replica.caches import Caches
-from reconciler.replica.replay import replay_into
 from reconciler.store.digest import state_digest
 from reconciler.store.sqlite import Store
 from tests.support import builders as b

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from nats.aio.client import Client
 
-from reconciler.replica.replay import ReplayError, replay_into
+from reconciler.replay.replay import ReplayError, replay_into
 from reconciler.replica.snapshots import (
     SnapshotBucket,
     SnapshotPublisher,

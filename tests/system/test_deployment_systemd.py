@@ -31,7 +31,7 @@ from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.sending import publish
 from reconciler.cli.local_incus import start_local_incus
 from reconciler.cli.main import cli
-from reconciler.replica.replay import replay_into
+from reconciler.replay.replay import replay_into
 from reconciler.store.digest import state_digest
 from reconciler.store.sqlite import Store
 from tests.support import builders as b

@@ -185,7 +185,7 @@ async def _extra(url: str, db: Path) -> None:
 async def _finish(url: str) -> dict[str, int]:
     """Replay with the old code (nothing diverges), keep only the two streams, without
     consumers, and lift their ``max_age``."""
-    from reconciler.replica.replay import replay_into
+    from reconciler.replay.replay import replay_into
 
     nc = await nats.connect(url)
     try:

@@ -1,4 +1,4 @@
-"""The replay's readers of the streams (:mod:`reconciler.replica.replay`), and the child
+"""The replay's readers of the streams (:mod:`reconciler.replay.replay`), and the child
 process that reads the OUT stream on a core of its own.
 
 Rules:
@@ -14,7 +14,7 @@ Rules:
   the stream is known to hold) restarts the consumer after the last one taken.
 - The OUT stream is read while the snapshot is fetched and the tail folded, in a child
   process when the replay knows how to connect (:class:`ReaderProcess`, ``python -m
-  reconciler.replica.replay_child``), else on the replay's own loop
+  reconciler.replay.reader_child``), else on the replay's own loop
   (:class:`OutputReader`). Either keeps every output with a ``Nats-Msg-Id`` (stream
   sequence, id, subject, payload) until told the stream's last sequence once the fold
   is done, or until nothing comes for :data:`COMPARE_STALL_S` after that. Once it has
@@ -449,7 +449,7 @@ class ReaderProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         try:
-            command = [sys.executable, "-m", "reconciler.replica.replay_child"]
+            command = [sys.executable, "-m", "reconciler.replay.reader_child"]
             if not any(url.startswith(("ws://", "wss://")) for url in self._request[0].urls):
                 command.append("--no-websocket")
             async with await anyio.open_process(
@@ -599,7 +599,7 @@ def _write(pipe: BinaryIO, data: bytes) -> None:
 
 
 def child_main() -> None:
-    """The child's main (:mod:`reconciler.replica.replay_child`): its stdout is the pipe
+    """The child's main (:mod:`reconciler.replay.reader_child`): its stdout is the pipe
     to the replay, nothing else."""
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)

@@ -1,5 +1,5 @@
-"""The entry point of the replay's reader child (:mod:`reconciler.replica.replay_reading`):
-``python -m reconciler.replica.replay_child [--no-websocket]``.
+"""The entry point of the replay's reader child (:mod:`reconciler.replay.readers`):
+``python -m reconciler.replay.reader_child [--no-websocket]``.
 
 Its start-up is paid while the replay fetches the snapshot, on the core the snapshot's
 reading also needs. nats-py imports aiohttp (about 0.15 s, more than a third of the
@@ -16,7 +16,7 @@ import sys
 def main(argv: list[str]) -> None:
     if "--no-websocket" in argv and "aiohttp" not in sys.modules and "nats" not in sys.modules:
         sys.modules["aiohttp"] = None  # type: ignore[assignment]
-    from reconciler.replica.replay_reading import child_main
+    from reconciler.replay.readers import child_main
 
     child_main()
 

@@ -11,7 +11,7 @@ Rules (docs/architecture.md, rule 2):
   reloaded its state from its store and dead-lettered that input: the in-memory fold
   then starts again through the caches and a store in memory, which do exactly that.
   Nothing is published and nothing is acked: the streams are read by consumers of the
-  replay's own, without acks, deleted afterwards (:mod:`reconciler.replica.replay_reading`;
+  replay's own, without acks, deleted afterwards (:mod:`reconciler.replay.readers`;
   in a child process when the replay knows how to connect).
 - Every output with a ``Nats-Msg-Id`` (decisions, executor commands, dead letters,
   config rejections) is compared with the OUT stream, read alongside the fold and up to
@@ -67,14 +67,14 @@ from reconciler.core.compat import judge
 from reconciler.core.messages import DEFAULT_PREFIX
 from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
 from reconciler.core.state import State
-from reconciler.replica.caches import Caches, Commit, FoldFailed, fold_deliveries
-from reconciler.replica.collector import StateCollector
-from reconciler.replica.replay_reading import (
+from reconciler.replay.readers import (
     READ_CHUNK,
     LocalReaders,
     ReaderError,
     ReaderProcess,
 )
+from reconciler.replica.caches import Caches, Commit, FoldFailed, fold_deliveries
+from reconciler.replica.collector import StateCollector
 from reconciler.replica.snapshots import SnapshotBucket, snapshot_for_replay, stream_identity
 from reconciler.store.digest import state_digest
 from reconciler.store.snapshot import DecodedSnapshot, SnapshotError, restore_batch

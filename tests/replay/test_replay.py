@@ -1,4 +1,4 @@
-"""The replay's own reading and folding (reconciler.replica.replay and replay_reading):
+"""The replay's own reading and folding (reconciler.replay.replay and readers):
 the streams read by a child process reproduce what the in-process readers do, and a fold
 that failed live on one input (a bug) is replayed the way the live line recovered. All
 over a real nats-server."""
@@ -16,21 +16,21 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
+import reconciler.replay.replay as replay_module
 import reconciler.replica.caches as caches_module
-import reconciler.replica.replay as replay_module
 from reconciler.bus.connection import ConnectOptions
 from reconciler.bus.streams import StreamNames
 from reconciler.core.fold import fold_input
 from reconciler.core.inputs import Input
 from reconciler.core.state import Effects, State
-from reconciler.replica.replay import ReplayError, replay_into
-from reconciler.replica.replay_reading import (
+from reconciler.replay.readers import (
     COMPARE_STALL_S,
     Found,
     InputReader,
     OutputReader,
     StreamReader,
 )
+from reconciler.replay.replay import ReplayError, replay_into
 from reconciler.replica.snapshots import SnapshotBucket, SnapshotPublisher, object_name
 from reconciler.store.snapshot import read_snapshot
 from reconciler.store.sqlite import Store
@@ -294,8 +294,8 @@ def test_the_reader_child_loads_the_websocket_client_only_when_asked(flags: list
     """The child's start-up is paid while the snapshot is fetched: without a ``ws://``
     server it does not import aiohttp (nats-py's WebSocket transport)."""
     code = (
-        "import sys; from reconciler.replica import replay_child; "
-        f"replay_child.main({flags!r}); "
+        "import sys; from reconciler.replay import reader_child; "
+        f"reader_child.main({flags!r}); "
         "print('websocket' if sys.modules.get('aiohttp') is not None else 'none')"
     )
     done = subprocess.run(
@@ -310,7 +310,7 @@ def test_the_reader_child_widens_its_pipe_to_the_replay() -> None:
     at Linux's default 64 KiB they crossed only while the fold waited for them."""
     allowed = int(Path("/proc/sys/fs/pipe-max-size").read_text())
     with subprocess.Popen(
-        [sys.executable, "-m", "reconciler.replica.replay_child", "--no-websocket"],
+        [sys.executable, "-m", "reconciler.replay.reader_child", "--no-websocket"],
         stdin=subprocess.DEVNULL,  # no request: it widens its pipe, then stops
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
