@@ -1420,7 +1420,7 @@ async def snapshot_phase(ctx: Context) -> dict[str, Any]:
     mean; the figures are those of the round with the median ratio, and
     ``snapshot.rounds`` lists every round's.
     """
-    from reconciler.replica.snapshots import SnapshotBucket
+    from reconciler.replica.snapshot_bucket import SnapshotBucket
 
     opts, js = ctx.opts, ctx.js
     names = StreamNames.for_prefix("bs")

@@ -58,7 +58,7 @@ from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.simulator import Fleet, FleetOptions, GpuShape, HostShape, Listen
 from reconciler.incus.views import InstanceSpec
 from reconciler.replay.replay import replay_into
-from reconciler.replica.runtime import Replica, RunConfig
+from reconciler.replica.replica import Replica, RunConfig
 from reconciler.store.digest import state_digest
 
 __all__ = ["Summary", "run_demo"]
@@ -505,9 +505,9 @@ def _caught_up(replica: Replica) -> bool:
 
 
 def _state(replica: Replica) -> State:
-    if replica.caches is None:
+    if replica.pipeline is None:
         raise RuntimeError("the replica has not started")
-    return replica.caches.state
+    return replica.pipeline.state
 
 
 def _ready(replica: Replica, pool: str) -> int:

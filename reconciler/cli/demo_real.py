@@ -45,7 +45,7 @@ from reconciler.core.messages import DEFAULT_PREFIX
 from reconciler.core.model import HostName
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.views import InstanceSpec
-from reconciler.replica.runtime import Replica
+from reconciler.replica.replica import Replica
 
 __all__ = ["run_real_demo"]
 

@@ -32,7 +32,7 @@ from reconciler.cli.overview import overview_lines
 from reconciler.cli.retention_options import decision_retention_option, retention_options
 from reconciler.cli.signals import run_until_signalled
 from reconciler.replay.replay import ReplayError, replay
-from reconciler.replica.runtime import Replica, RunConfig, StartupError, default_replica_name
+from reconciler.replica.replica import Replica, RunConfig, StartupError, default_replica_name
 from reconciler.store.errors import StoreError
 
 
@@ -119,7 +119,7 @@ def cli() -> None:
 )
 @log_options
 def run(**kwargs: Any) -> None:
-    """Run the reconciler: caches on every replica, leader work on one.
+    """Run the reconciler: the pipeline on every replica, leader work on one.
 
     Folds the input stream into the SQLite store, answers queries, and, while it holds
     the leader key, publishes decisions and executor commands and host/pool status, tops

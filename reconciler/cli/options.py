@@ -27,7 +27,7 @@ from reconciler.cli.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from reconciler.core.messages import DEFAULT_PREFIX
 from reconciler.incus.client import DEFAULT_OPERATION_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S
 from reconciler.incus.endpoints import IncusEndpoint, endpoints_from_fleet_file
-from reconciler.replica.runtime import RunConfig
+from reconciler.replica.replica import RunConfig
 
 __all__ = [
     "Common",

@@ -47,7 +47,7 @@ from reconciler.cli.options import (
     stream_replicas_option,
 )
 from reconciler.executor.executor import ExecutorConfig, consumer_name
-from reconciler.replica.snapshots import SnapshotBucket
+from reconciler.replica.snapshot_bucket import SnapshotBucket
 
 __all__ = ["provision"]
 

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
-from reconciler.replica.retention import (
+from reconciler.replica.reservation_reaper import (
     DEFAULT_JOURNAL_RETENTION_S,
     DEFAULT_RESERVATION_TIMEOUT_S,
 )

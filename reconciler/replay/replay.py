@@ -3,13 +3,13 @@
 Rules (docs/architecture.md, rule 2):
 
 - The stream is folded from its first message by exactly the code ``reconciler run``
-  uses (:func:`~reconciler.replica.caches.fold_deliveries`: decoding, dead letters, the
+  uses (:func:`~reconciler.replica.pipeline.fold_deliveries`: decoding, dead letters, the
   fold), up to the IN stream's last sequence as seen at start. Without ``db`` the fold
   runs in memory and nothing is written (no store is read afterwards); with ``db`` it
-  runs through :class:`~reconciler.replica.caches.Caches` and a fresh store at that
+  runs through :class:`~reconciler.replica.pipeline.Pipeline` and a fresh store at that
   path, as ``reconciler run`` does. If the fold fails on an input (a bug), the live line
   reloaded its state from its store and dead-lettered that input: the in-memory fold
-  then starts again through the caches and a store in memory, which do exactly that.
+  then starts again through the pipeline and a store in memory, which do exactly that.
   Nothing is published and nothing is acked: the streams are read by consumers of the
   replay's own, without acks, deleted afterwards (:mod:`reconciler.replay.readers`;
   in a child process when the replay knows how to connect).
@@ -28,7 +28,7 @@ Rules (docs/architecture.md, rule 2):
   those by addition (``older``). On a busy stream the newest outputs may not be
   published yet and show as ``missing``: replay an idle stream, or again.
 - A stream that no longer starts at sequence 1 (aged out by ``max_age``) is replayed from
-  a snapshot (:mod:`reconciler.replica.snapshots`): the oldest one from which the stored
+  a snapshot (:mod:`reconciler.replica.snapshot_bucket`): the oldest one from which the stored
   inputs continue without a gap, verified by its digest (a mismatch is refused); the fold
   starts in its state, after its position (with ``db``, it is written into the fresh
   store first), and the report says so (``snapshot_seq``). ``from_snapshot`` asks for
@@ -73,9 +73,9 @@ from reconciler.replay.readers import (
     ReaderError,
     ReaderProcess,
 )
-from reconciler.replica.caches import Caches, Commit, FoldFailed, fold_deliveries
 from reconciler.replica.collector import StateCollector
-from reconciler.replica.snapshots import SnapshotBucket, snapshot_for_replay, stream_identity
+from reconciler.replica.pipeline import Commit, FoldFailed, Pipeline, fold_deliveries
+from reconciler.replica.snapshot_bucket import SnapshotBucket, snapshot_for_replay, stream_identity
 from reconciler.store.digest import state_digest
 from reconciler.store.snapshot import DecodedSnapshot, SnapshotError, restore_batch
 from reconciler.store.sqlite import Store
@@ -419,7 +419,7 @@ async def _fold_in_memory(
     inputs_from: int | None = None,
     after_batch: Callable[[], None] = lambda: None,
 ) -> tuple[State, int, int]:
-    """The fold of the caches (:func:`~reconciler.replica.caches.fold_deliveries`:
+    """The pipeline's fold (:func:`~reconciler.replica.pipeline.fold_deliveries`:
     decoding, dead letters, the fold), without the store nobody reads afterwards.
     ``inputs_from``: the readers' inputs were started there already (at or before the
     state's position). Raises :class:`FoldFailed` where the fold fails (the caller folds
@@ -474,7 +474,7 @@ async def _fold_stream(
         if snapshot is not None:
             await store.write(restore_batch(snapshot))
         start = _start_state(snapshot, retention)
-        caches = Caches(
+        pipeline = Pipeline(
             store=store,
             state=start,
             consumer=consumer,
@@ -491,13 +491,13 @@ async def _fold_stream(
                 if out.msg_id is not None and out.msg_id not in produced:
                     produced[out.msg_id] = (out.subject, out.payload)
             if commit.applied_seq >= last:
-                caches.stop()
+                pipeline.stop()
 
-        caches.add_listener(collect)
+        pipeline.add_listener(collect)
         try:
             await consumer.start(from_seq=start.applied_seq + 1)
             if last > start.applied_seq:
-                await caches.run(head=last)
+                await pipeline.run(head=last)
         finally:
             with anyio.CancelScope(shield=True):
                 await consumer.close()
@@ -505,7 +505,7 @@ async def _fold_stream(
                     await js.delete_consumer(names.in_stream, consumer.durable)
                 except Exception as exc:
                     logger.warning("replay.consumer_not_deleted", error=repr(exc))
-        return caches.state, counts["inputs"], counts["dead"]
+        return pipeline.state, counts["inputs"], counts["dead"]
 
 
 def _readers(

@@ -17,7 +17,7 @@ import pytest
 from nats.aio.client import Client
 
 import reconciler.replay.replay as replay_module
-import reconciler.replica.caches as caches_module
+import reconciler.replica.pipeline as pipeline_module
 from reconciler.bus.connection import ConnectOptions
 from reconciler.bus.streams import StreamNames
 from reconciler.core.fold import fold_input
@@ -31,10 +31,10 @@ from reconciler.replay.readers import (
     StreamReader,
 )
 from reconciler.replay.replay import ReplayError, replay_into
-from reconciler.replica.snapshots import SnapshotBucket, SnapshotPublisher, object_name
+from reconciler.replica.snapshot_bucket import SnapshotBucket, SnapshotPublisher, object_name
 from reconciler.store.snapshot import read_snapshot
 from reconciler.store.sqlite import Store
-from tests.replica.test_snapshots import digest_of, fold_with_snapshot, tamper
+from tests.replica.test_snapshot_bucket import digest_of, fold_with_snapshot, tamper
 from tests.support import builders as b
 from tests.support.bus import BusClient, fast_config, running_replica
 from tests.support.workload import mixed
@@ -96,7 +96,7 @@ async def test_a_divergence_is_found_by_the_child_reader(
 async def test_a_fold_bug_is_replayed_as_the_live_line_recovered(
     nc: Client, nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_fold = fold_input  # what the caches call
+    real_fold = fold_input  # what the pipeline calls
 
     def buggy_fold(state: State, seq: int, timestamp: str, item: Input, fx: Effects) -> Effects:
         if getattr(item, "request_id", None) == "a5":
@@ -104,7 +104,7 @@ async def test_a_fold_bug_is_replayed_as_the_live_line_recovered(
             raise RuntimeError("a bug in the fold")
         return real_fold(state, seq, timestamp, item, fx)
 
-    monkeypatch.setattr(caches_module, "fold_input", buggy_fold)
+    monkeypatch.setattr(pipeline_module, "fold_input", buggy_fold)
     bus = BusClient(nc)
     db = tmp_path / "rc.db"
     async with running_replica(fast_config(nats_url, db)):
@@ -116,7 +116,7 @@ async def test_a_fold_bug_is_replayed_as_the_live_line_recovered(
         await bus.wait_caught_up()
         await bus.wait_output("rc.out.dlq.domain")
     live = await digest_of(db)
-    # the fold in memory meets the bug, and the store-backed fold of the caches takes over
+    # the fold in memory meets the bug, and the store-backed fold of the pipeline takes over
     with_store = replay_module._fold_stream
     calls = []
 

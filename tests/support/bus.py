@@ -26,7 +26,7 @@ from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from reconciler.bus.connection import ConnectOptions
 from reconciler.bus.streams import StreamNames, ensure_streams
-from reconciler.replica.runtime import Replica, RunConfig
+from reconciler.replica.replica import Replica, RunConfig
 from tests.support.builders import subject_of
 
 Item = tuple[str, dict[str, Any]]

@@ -17,7 +17,7 @@ from reconciler.core.fold import fold
 from reconciler.core.inputs import Message
 from reconciler.core.model import InstanceName
 from reconciler.core.state import Effects, State, is_reserved_cold
-from reconciler.replica.retention import abandon_request_id
+from reconciler.replica.reservation_reaper import abandon_request_id
 from reconciler.store.digest import state_digest
 from reconciler.store.sqlite import Store
 from reconciler.store.transactions import PRUNE_WINDOW
@@ -163,8 +163,8 @@ async def test_a_cold_reservation_never_created_is_released_by_the_leader(
         assert (released["verb"], released["lease"]["state"]) == ("release", "released")
         await bus.send(b.admit("after", "p", "vm-3"))
         assert (await bus.decision("after"))["outcome"] == "admitted"  # capacity is back
-        assert replica.caches is not None
-        state = replica.caches.state
+        assert replica.pipeline is not None
+        state = replica.pipeline.state
         created = state.lease_of_instance("vm-2")
         assert created is not None and created.state.value == "created"  # not reaped
         reserved = {i for i, le in state.leases.items() if is_reserved_cold(le)}

@@ -144,7 +144,7 @@ async def _record(url: str, work: Path) -> dict[str, int]:
 async def _extra(url: str, db: Path) -> None:
     """The commands of :data:`EXTRA`, each until its output is on ``RC_OUT``."""
     from reconciler.bus.connection import ConnectOptions
-    from reconciler.replica.runtime import Replica, RunConfig
+    from reconciler.replica.replica import Replica, RunConfig
 
     replica = Replica(
         RunConfig(

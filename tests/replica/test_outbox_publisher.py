@@ -13,9 +13,9 @@ from nats.aio.client import Client
 
 from reconciler.core.messages import Output
 from reconciler.core.state import Effects
-from reconciler.replica.caches import Commit
 from reconciler.replica.leader import Leadership
-from reconciler.replica.outbox import OutboxPublisher
+from reconciler.replica.outbox_publisher import OutboxPublisher
+from reconciler.replica.pipeline import Commit
 from reconciler.store import Store
 from tests.support.bus import BusClient
 from tests.support.executor import until

@@ -5,7 +5,7 @@ Rules (docs/architecture.md, rule 3):
 - Only the leader publishes. On election it first drains every unpublished batch its
   store holds (the previous leader may have died between commit and publish); the leader
   is *ready* only after that.
-- Then it publishes each committed batch's outputs straight from memory, as the caches
+- Then it publishes each committed batch's outputs straight from memory, as the pipeline
   announce the commit: the outbox is not read back. Outputs are published in commit
   order with their deterministic ``Nats-Msg-Id``s (the stream drops a duplicate inside
   its window), and count as published only once the stream confirmed them, in commit
@@ -37,8 +37,8 @@ from nats.aio.client import Client
 
 from reconciler.bus.publisher import OutputPublisher, PublishError, Round
 from reconciler.core.messages import Output
-from reconciler.replica.caches import Commit
 from reconciler.replica.leader import Leadership
+from reconciler.replica.pipeline import Commit
 from reconciler.store.sqlite import Store
 
 __all__ = ["MAX_IN_FLIGHT", "OutboxPublisher"]

@@ -13,7 +13,7 @@ import pytest
 from nats.aio.client import Client
 
 from reconciler.replay.replay import ReplayError, replay_into
-from reconciler.replica.snapshots import (
+from reconciler.replica.snapshot_bucket import (
     SnapshotBucket,
     SnapshotPublisher,
     object_name,
@@ -155,8 +155,8 @@ async def test_the_leader_publishes_snapshots_and_a_new_replica_starts_from_one(
     second_db = tmp_path / "second.db"
     async with running_replica(fast_config(nats_url, second_db, snapshot_interval_s=0)) as r:
         await bus.wait_caught_up()
-        assert r.caches is not None
-        folded = r.caches.folded + sum(r.caches.dead_letters.values())
+        assert r.pipeline is not None
+        folded = r.pipeline.folded + sum(r.pipeline.dead_letters.values())
         head = int((await bus.js.stream_info("RC_IN")).state.last_seq or 0)
         assert folded <= head - newest  # only the tail, not the stream from seq 1
         health = await bus.result("health")
@@ -253,7 +253,7 @@ def test_the_replay_command_says_it_started_from_a_snapshot(nats_url: str, tmp_p
 async def test_an_empty_replica_refuses_an_aged_out_stream_without_a_snapshot(
     nc: Client, nats_url: str, tmp_path: Path
 ) -> None:
-    from reconciler.replica.runtime import Replica, StartupError
+    from reconciler.replica.replica import Replica, StartupError
 
     bus = BusClient(nc)
     await bus.ensure_streams()
@@ -270,7 +270,7 @@ async def test_an_empty_replica_refuses_an_aged_out_stream_without_a_snapshot(
 async def test_a_snapshot_of_another_stream_is_never_used(
     nc: Client, nats_url: str, tmp_path: Path
 ) -> None:
-    from reconciler.replica.snapshots import stream_identity
+    from reconciler.replica.snapshot_bucket import stream_identity
 
     bus = BusClient(nc)
     await bus.ensure_streams()

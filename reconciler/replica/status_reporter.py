@@ -38,7 +38,7 @@ from reconciler.bus.wire import LazyFlush, Wire, supported
 from reconciler.core.messages import Subjects
 from reconciler.core.model import HostName, PoolName
 from reconciler.core.status import host_status, pool_status
-from reconciler.replica.caches import Caches, Commit
+from reconciler.replica.pipeline import Commit, Pipeline
 from reconciler.work.queue import WorkQueue, run_with_resync
 
 __all__ = ["PROGRESS_RATE", "StatusKey", "StatusReporter"]
@@ -60,7 +60,7 @@ class StatusReporter:
     def __init__(
         self,
         *,
-        caches: Caches,
+        pipeline: Pipeline,
         nc: Client,
         prefix: str,
         debounce_s: float = 1.0,
@@ -68,7 +68,7 @@ class StatusReporter:
         workers: int = 2,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.caches = caches
+        self.pipeline = pipeline
         self.nc = nc
         self.prefix = prefix
         self.subjects = Subjects(prefix)
@@ -108,7 +108,7 @@ class StatusReporter:
         )
 
     def _everything(self) -> list[StatusKey]:
-        state = self.caches.state
+        state = self.pipeline.state
         stale = self._clock() - self.progress_interval_s
         fresh = self._fresh
         keys: list[StatusKey] = [("host", h) for h in state.host_order]
@@ -124,7 +124,7 @@ class StatusReporter:
             last = self._fresh.get(key)
             if last is not None and last > self._clock() - self.progress_interval_s:
                 return  # published since the round began (it changed): fresh enough
-        state, as_of = self.caches.state, self.caches.committed_seq
+        state, as_of = self.pipeline.state, self.pipeline.committed_seq
         if kind == "host":
             payload = host_status(state, HostName(name), as_of_seq=as_of)
         else:

@@ -11,7 +11,7 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
-import reconciler.replica.caches as caches_module
+import reconciler.replica.pipeline as pipeline_module
 from reconciler.core.fold import fold_input
 from reconciler.core.inputs import Input
 from reconciler.core.state import Effects, State
@@ -39,21 +39,21 @@ async def test_what_arrives_while_the_writer_is_busy_joins_the_batch_in_hand(
     async with running_replica(fast_config(nats_url, tmp_path / "rc.db")) as replica:
         await bus.send(*FLEET)
         await bus.wait_caught_up()
-        caches, store = replica.caches, replica.store
-        assert caches is not None and store is not None and store._writer is not None
-        batches_before = caches.batches
+        pipeline, store = replica.pipeline, replica.store
+        assert pipeline is not None and store is not None and store._writer is not None
+        batches_before = pipeline.batches
         async with store._writer._lock:  # the writer is busy with something else
             for item in admits(0, 40):
                 await bus.send(item)  # one at a time: a fetch each, folded on arrival
             with anyio.fail_after(10):
-                while caches.state.applied_seq < len(FLEET) + 40:  # noqa: ASYNC110
+                while pipeline.state.applied_seq < len(FLEET) + 40:  # noqa: ASYNC110
                     await anyio.sleep(0.01)
         for i in range(40):
             assert (await bus.decision(f"a{i}"))["outcome"] == "admitted"
         await bus.wait_caught_up()
         # at most the batch handed over before the lock, and the one that grew meanwhile
-        assert caches.batches - batches_before <= 3
-        info = await bus.js.consumer_info("RC_IN", caches.consumer.durable)
+        assert pipeline.batches - batches_before <= 3
+        info = await bus.js.consumer_info("RC_IN", pipeline.consumer.durable)
         assert info.num_ack_pending == 0  # every input acknowledged after its commit
 
 
@@ -70,9 +70,9 @@ async def test_a_fold_bug_dead_letters_that_input_and_the_line_goes_on(
     merged: bool,
     chunk: int | None,
 ) -> None:
-    real_fold = fold_input  # what the caches call
+    real_fold = fold_input  # what the pipeline calls
     if chunk is not None:  # a5 is folded in a later chunk of its batch
-        monkeypatch.setattr(caches_module, "FOLD_CHUNK", chunk)
+        monkeypatch.setattr(pipeline_module, "FOLD_CHUNK", chunk)
 
     def buggy_fold(state: State, seq: int, timestamp: str, item: Input, fx: Effects) -> Effects:
         if getattr(item, "request_id", None) == "a5":
@@ -80,7 +80,7 @@ async def test_a_fold_bug_dead_letters_that_input_and_the_line_goes_on(
             raise RuntimeError("a bug in the fold")
         return real_fold(state, seq, timestamp, item, fx)
 
-    monkeypatch.setattr(caches_module, "fold_input", buggy_fold)
+    monkeypatch.setattr(pipeline_module, "fold_input", buggy_fold)
     bus = BusClient(nc)
     db = tmp_path / "rc.db"
     if chunk is not None:  # all in the stream first: one fetch, folded chunk by chunk
@@ -90,8 +90,8 @@ async def test_a_fold_bug_dead_letters_that_input_and_the_line_goes_on(
         if chunk is None:
             await bus.send(*FLEET)
         await bus.wait_caught_up()
-        caches, store = replica.caches, replica.store
-        assert caches is not None and store is not None and store._writer is not None
+        pipeline, store = replica.pipeline, replica.store
+        assert pipeline is not None and store is not None and store._writer is not None
         if merged:
             async with store._writer._lock:
                 for item in admits(0, 10):
@@ -105,7 +105,7 @@ async def test_a_fold_bug_dead_letters_that_input_and_the_line_goes_on(
         dead = await bus.wait_output("rc.out.dlq.domain")
         assert "internal error" in dead.json()["error"]
         await bus.wait_caught_up()
-        assert "h1" in caches.state.hosts  # the half-changed state was dropped
-        live = state_digest(caches.state)
+        assert "h1" in pipeline.state.hosts  # the half-changed state was dropped
+        live = state_digest(pipeline.state)
     async with await Store.open(db) as reopened:
         assert state_digest(await reopened.load_state()) == live

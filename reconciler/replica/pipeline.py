@@ -1,6 +1,7 @@
-"""The caches: every replica folds the IN stream, in order, into its SQLite store.
+"""The pipeline: consume → fold → commit → ack. Every replica folds the IN stream, in
+order, into its SQLite store through one (:class:`Pipeline`), and so does the replay.
 
-Rules (docs/architecture.md, rules 3 and 7):
+Rules (docs/architecture.md, "The pipeline", and rules 3 and 7):
 
 - A batch of deliveries is decoded and folded in stream order into the in-memory state,
   then written in one store transaction together with its journal, its outputs (the
@@ -15,7 +16,7 @@ Rules (docs/architecture.md, rules 3 and 7):
   committed with it, in one transaction, instead of waiting for a transaction of its
   own: the busier the bus, the larger the batches and the fewer the commits (and the
   fewer pages written per input). The state may run ahead of the store by those two
-  batches; :attr:`Caches.committed_seq` is what is durable. A batch is folded
+  batches; :attr:`Pipeline.committed_seq` is what is durable. A batch is folded
   :data:`FOLD_CHUNK` deliveries at a time, with a turn of the event loop in between,
   so that the writer's reply (and with it the next commit), acks and queries never wait
   for the fold of a whole batch.
@@ -27,8 +28,10 @@ Rules (docs/architecture.md, rules 3 and 7):
   input and does the same, so decisions still reproduce byte for byte.
 - Every committed batch is announced to the commit listeners (the leader's workers) with
   its effects: the keys it touched and whether it wrote outputs.
-- The caches are *synced* once the committed position reaches the stream's last sequence
-  as seen at start (``CachesSynced``); queries answer ``cache-not-ready`` before.
+- The pipeline is *synced* once the committed position reaches the stream's last sequence
+  as seen at start: the replica's caches are synced, as the ``health`` query
+  (``caches_synced``) and the metrics (``rc_caches_synced``) say; queries answer
+  ``cache-not-ready`` before.
 """
 
 from __future__ import annotations
@@ -66,10 +69,10 @@ from reconciler.store.sqlite import Batch, Store, encode_batch
 __all__ = [
     "MERGE_LIMIT",
     "PIPELINE_DEPTH",
-    "Caches",
     "Commit",
     "CommitListener",
     "FoldedBatch",
+    "Pipeline",
     "fold_deliveries",
 ]
 
@@ -182,7 +185,7 @@ def _dead_letter(
     state.applied_seq = d.stream_seq
 
 
-class Caches:
+class Pipeline:
     """Consume → fold → commit → ack, for one replica."""
 
     def __init__(

@@ -7,7 +7,7 @@ Rules:
 - The reply is ``{"ok": true, "result": …}`` or ``{"ok": false, "error": {code,
   message}}`` with the contract's codes (``cache-not-ready``, ``stale-runtime-inputs``,
   ``not-found``, ``invalid``) and ``internal`` (an addition) for a failure of ours.
-- Until the replica's caches are synced every query but ``health`` answers
+- Until the replica's pipeline is synced every query but ``health`` answers
   ``cache-not-ready``. Answers are read from the replica's folded state; ``lease`` adds
   the lease's journal from the store.
 - A request that is not a JSON object, or names no known query, is ``invalid``; a request
@@ -35,7 +35,7 @@ from reconciler.core.messages import (
     ok_reply,
 )
 from reconciler.core.queries import QUERIES, QueryError
-from reconciler.replica.caches import Caches
+from reconciler.replica.pipeline import Pipeline
 
 __all__ = ["MAX_REQUEST_BYTES", "QueryResponder"]
 
@@ -49,9 +49,9 @@ Health = Callable[[], Awaitable[dict[str, Any]]]
 class QueryResponder:
     """Answers the contract's queries for one replica."""
 
-    def __init__(self, *, nc: Client, caches: Caches, prefix: str, health: Health) -> None:
+    def __init__(self, *, nc: Client, pipeline: Pipeline, prefix: str, health: Health) -> None:
         self.nc = nc
-        self.caches = caches
+        self.pipeline = pipeline
         self.prefix = prefix
         self.subjects = Subjects(prefix)
         self.health = health
@@ -103,16 +103,16 @@ class QueryResponder:
         if query is None:
             known = ", ".join(sorted([*QUERIES, "health"]))
             return error_reply(INVALID, f"unknown query {name!r}; known: {known}")
-        if not self.caches.synced.is_set():
+        if not self.pipeline.synced.is_set():
             return error_reply(
                 CACHE_NOT_READY,
-                f"replica is catching up (applied {self.caches.committed_seq} of "
-                f"{self.caches.head_at_start})",
+                f"replica is catching up (applied {self.pipeline.committed_seq} of "
+                f"{self.pipeline.head_at_start})",
             )
         try:
-            result = query(self.caches.state, request)
+            result = query(self.pipeline.state, request)
         except QueryError as exc:
             return error_reply(exc.code, exc.message)
         if name == "lease":
-            result["history"] = await self.caches.store.lease_history(str(result["lease_id"]))
+            result["history"] = await self.pipeline.store.lease_history(str(result["lease_id"]))
         return ok_reply(result)

@@ -18,7 +18,7 @@ from reconciler.bus.schemas import load
 from reconciler.core.model import PoolName
 from reconciler.core.state import State
 from reconciler.replay.replay import replay_into
-from reconciler.replica.caches import Caches
+from reconciler.replica.pipeline import Pipeline
 from reconciler.store.digest import state_digest
 from reconciler.store.sqlite import Store
 from tests.support import builders as b
@@ -184,12 +184,12 @@ async def test_duplicates_change_nothing(nc: Client, nats_url: str, tmp_path: Pa
         head = (await bus.result("health"))["stream_last_seq"]
         assert seqs == [head] and head == len(fleet()) + 1
         await bus.wait_caught_up()
-        assert replica.caches is not None
-        before = state_digest(replica.caches.state)
+        assert replica.pipeline is not None
+        before = state_digest(replica.pipeline.state)
         # the same request id under another message id: decided already, re-sent unchanged
         await bus.send(b.admit("a1", "web", "vm-1", host="h1"), msg_ids=False)
         await bus.wait_caught_up()
-        after = replica.caches.state
+        after = replica.pipeline.state
         assert after.applied_seq == head + 1
         after.applied_seq = head
         assert state_digest(after) == before
@@ -215,22 +215,24 @@ async def test_a_batch_committed_but_not_acked_is_not_folded_twice(
         digest = state_digest(state)
         consumer = InputConsumer(nc, bus.js, stream="RC_IN", durable="crashed", batch=100)
         await consumer.start(from_seq=1)
-        caches = Caches(store=store, state=state, consumer=consumer, decoder=Decoder(), prefix="rc")
+        pipeline = Pipeline(
+            store=store, state=state, consumer=consumer, decoder=Decoder(), prefix="rc"
+        )
         commits: list[Any] = []
-        caches.add_listener(commits.append)
+        pipeline.add_listener(commits.append)
 
         async def stop_when_seen() -> None:
             while consumer.next_seq <= committed:  # noqa: ASYNC110 - polling a counter
                 await anyio.sleep(0.01)
             await anyio.sleep(0.1)
-            caches.stop()
+            pipeline.stop()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(stop_when_seen)
-            await caches.run(head=committed)
+            await pipeline.run(head=committed)
         await consumer.close()
         assert commits == []  # every redelivery was at or below the position: skipped
-        assert state_digest(caches.state) == digest
+        assert state_digest(pipeline.state) == digest
         assert (await store.outbox_snapshot()).rows == []
         assert await store.applied_seq() == committed
     # and a restarted replica publishes nothing again
@@ -279,9 +281,9 @@ async def test_bad_input_is_dead_lettered_and_the_line_goes_on(
             assert body["subject"] == subject and body["error"]
             assert letter.msg_id == f"dlq:{body['stream_seq']}"
             assert base64.b64decode(body["payload_b64"]) == data[:65536]
-        assert replica.caches is not None
-        assert replica.caches.state.lease_of_instance("../../etc/passwd") is None
-        assert set(replica.caches.state.hosts) == {"h1", "g1"}
+        assert replica.pipeline is not None
+        assert replica.pipeline.state.lease_of_instance("../../etc/passwd") is None
+        assert set(replica.pipeline.state.hosts) == {"h1", "g1"}
 
 
 async def test_queries(nc: Client, nats_url: str, tmp_path: Path) -> None:
@@ -331,25 +333,25 @@ async def test_queries(nc: Client, nats_url: str, tmp_path: Path) -> None:
 
 
 async def test_queries_answer_cache_not_ready_until_synced(nc: Client, tmp_path: Path) -> None:
-    from reconciler.replica.queries import QueryResponder
+    from reconciler.replica.query_responder import QueryResponder
 
     async with await Store.open(tmp_path / "rc.db") as store:
         consumer = InputConsumer(nc, nc.jetstream(), stream="RC_IN", durable="x")
-        caches = Caches(
+        pipeline = Pipeline(
             store=store, state=State(), consumer=consumer, decoder=Decoder(), prefix="rc"
         )
 
         async def health() -> dict[str, Any]:
-            return {"caches_synced": caches.synced.is_set()}
+            return {"caches_synced": pipeline.synced.is_set()}
 
-        responder = QueryResponder(nc=nc, caches=caches, prefix="rc", health=health)
+        responder = QueryResponder(nc=nc, pipeline=pipeline, prefix="rc", health=health)
         reply = orjson.loads(await responder.answer("resolve", b'{"identifier": "x"}'))
         assert reply["error"]["code"] == "cache-not-ready"
         assert orjson.loads(await responder.answer("health", b"")) == {
             "ok": True,
             "result": {"caches_synced": False},
         }
-        caches.synced.set()
+        pipeline.synced.set()
         reply = orjson.loads(await responder.answer("resolve", b'{"identifier": "x"}'))
         assert reply["error"]["code"] == "not-found"
 
@@ -389,9 +391,9 @@ async def test_stop_finishes_the_batch_in_hand_and_a_restart_resumes(
     await bus.send_many([b.admit(f"r{i}", "bulk", f"vm-{i}") for i in range(n)])
     head = len(fleet()) + 1 + n
     async with running_replica(fast_config(nats_url, db, batch=20), ready=False) as replica:
-        assert replica.caches is not None
+        assert replica.pipeline is not None
         with anyio.fail_after(30):
-            while replica.caches.committed_seq < head // 3:  # noqa: ASYNC110 - a counter
+            while replica.pipeline.committed_seq < head // 3:  # noqa: ASYNC110 - a counter
                 await anyio.sleep(0.001)
     async with await Store.open(db) as store:
         applied = await store.applied_seq()
@@ -433,8 +435,8 @@ async def test_the_leader_tops_warm_pools_up_through_the_fold(
         )
         assert (await bus.decision("k1"))["lease"]["instance"] == "web-w2-0"
         await bus.wait_outputs("rc.out.exec.h1.create", 3)
-        assert replica.caches is not None
-        assert replica.caches.state.pool_warm_unclaimed[PoolName("web")] == 2
+        assert replica.pipeline is not None
+        assert replica.pipeline.state.pool_warm_unclaimed[PoolName("web")] == 2
 
 
 async def test_a_rejected_top_up_backs_off(nc: Client, nats_url: str, tmp_path: Path) -> None:
@@ -477,9 +479,9 @@ async def test_a_graceful_stop_publishes_everything_committed(
     db = tmp_path / "rc.db"
     async with running_replica(fast_config(nats_url, db)) as replica:
         await bus.send(*fleet(), *(b.admit(f"r{i}", "web", f"vm-{i}") for i in range(20)))
-        assert replica.caches is not None
+        assert replica.pipeline is not None
         with anyio.fail_after(10):
-            while replica.caches.committed_seq < len(fleet()) + 20:  # noqa: ASYNC110
+            while replica.pipeline.committed_seq < len(fleet()) + 20:  # noqa: ASYNC110
                 await anyio.sleep(0.005)
     async with await Store.open(db) as store:
         assert (await store.outbox_snapshot()).rows == []
@@ -497,7 +499,7 @@ async def test_a_leader_stopping_while_it_tops_up_decides_what_it_issued(
     async with running_replica(fast_config(nats_url, tmp_path / "rc.db")) as replica:
         host = b.snapshot("h1", cpu=64, memory_mib=262_144)
         await bus.send(host, b.pool("web", min_ready=40, max_ready=40))
-        assert replica.caches is not None
+        assert replica.pipeline is not None
         await bus.wait_outputs("rc.out.decision.>")  # the first top-up is decided: stop
     info = await nc.jetstream().stream_info("RC_IN")
     report = await replay_into(nc, prefix="rc")

@@ -1,21 +1,21 @@
-"""One replica of ``reconciler run``: caches, queries and leader election, over one store.
+"""One replica of ``reconciler run``: its pipeline, queries and leader election, over one store.
 
 Rules (docs/architecture.md, "The exactly-once path"):
 
 - Start-up, in order: connect to NATS, create or reconcile the streams and the leader
   bucket, open and migrate the store, load its state, refuse a store that is *ahead* of
   the input stream (the stream was recreated: the store is of another history), start
-  the input consumer after the committed position, then run the caches, answer queries
+  the input consumer after the committed position, then run the pipeline, answer queries
   and campaign for leadership, all at once.
-- The caches run on every replica for the process's lifetime. The leader's work runs
+- The pipeline runs on every replica for the process's lifetime. The leader's work runs
   only while this replica holds the leader key: the outbox publisher first (the leader
-  is *ready* once the unsent outbox is on the bus), then, once the caches are synced,
+  is *ready* once the unsent outbox is on the bus), then, once the pipeline is synced,
   the status reporter, the warm-pool reconciler and the live verification of suspect
   leases (on the Incus hosts of ``RunConfig.incus``). Losing the key cancels that work at
   once.
 - A follower learns from the leader key how far the outbox is published and prunes its
   own outbox accordingly.
-- :meth:`Replica.run` returns after ``stop`` is set: the caches finish and commit the
+- :meth:`Replica.run` returns after ``stop`` is set: the pipeline finishes and commits the
   batch in hand, a leader publishes what is committed and resigns its key, and every
   connection is closed.
 """
@@ -49,23 +49,23 @@ from reconciler.bus.violations import PermissionViolation
 from reconciler.core.messages import DEFAULT_PREFIX
 from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
 from reconciler.incus.endpoints import IncusEndpoint
-from reconciler.replica.caches import Caches
 from reconciler.replica.collector import FULL_EVERY_S, StateCollector
 from reconciler.replica.leader import LeaderElection, Leadership
-from reconciler.replica.outbox import OutboxPublisher
-from reconciler.replica.queries import QueryResponder
-from reconciler.replica.retention import (
+from reconciler.replica.outbox_publisher import OutboxPublisher
+from reconciler.replica.pipeline import Pipeline
+from reconciler.replica.query_responder import QueryResponder
+from reconciler.replica.reservation_reaper import (
     DEFAULT_JOURNAL_RETENTION_S,
     DEFAULT_RESERVATION_TIMEOUT_S,
     ReservationReaper,
 )
-from reconciler.replica.snapshots import (
+from reconciler.replica.snapshot_bucket import (
     SnapshotBucket,
     SnapshotPublisher,
     identity_of,
     restore_newest,
 )
-from reconciler.replica.status import StatusReporter
+from reconciler.replica.status_reporter import StatusReporter
 from reconciler.replica.topup import WarmPoolReconciler
 from reconciler.replica.verify import IncusPresence, SuspectVerifier
 from reconciler.store.sqlite import Store
@@ -137,7 +137,7 @@ class RunConfig:
     #: the Incus hosts the leader may ask about suspect leases (live GETs)
     incus: tuple[IncusEndpoint, ...] = ()
     #: the leader snapshots the state this often (0: never); a replica with an empty
-    #: store starts from the newest snapshot (``reconciler.replica.snapshots``)
+    #: store starts from the newest snapshot (``reconciler.replica.snapshot_bucket``)
     snapshot_interval_s: float = 3600.0
     snapshot_keep: int = 3
 
@@ -170,7 +170,7 @@ class Replica:
         self.nc: Client | None = None
         self.js: JetStreamContext | None = None
         self.store: Store | None = None
-        self.caches: Caches | None = None
+        self.pipeline: Pipeline | None = None
         self.collector: StateCollector | None = None
         self.election: LeaderElection | None = None
         self.queries: QueryResponder | None = None
@@ -264,17 +264,19 @@ class Replica:
             await consumer.start(from_seq=state.applied_seq + 1)
         except PermissionViolation as exc:
             raise StartupError(f"cannot start the input consumer: {exc}") from None
-        caches = Caches(
+        pipeline = Pipeline(
             store=store, state=state, consumer=consumer, decoder=Decoder(), prefix=cfg.prefix
         )
-        self.caches = caches
+        self.pipeline = pipeline
         self.collector = collector
         if collector is not None:
-            caches.add_listener(collector.notify)
+            pipeline.add_listener(collector.notify)
         self.election = LeaderElection(
             js, bucket=self.names.leader_bucket, holder=cfg.replica, ttl_s=cfg.leader_ttl_s
         )
-        self.queries = QueryResponder(nc=nc, caches=caches, prefix=cfg.prefix, health=self.health)
+        self.queries = QueryResponder(
+            nc=nc, pipeline=pipeline, prefix=cfg.prefix, health=self.health
+        )
         await self.queries.start()
         if cfg.metrics_addr:
             from reconciler.replica.metrics import replica_metrics_server
@@ -302,12 +304,12 @@ class Replica:
                     commands = self._commands
                     if commands is not None:  # leading: issue nothing more, decide the rest
                         commands.cancel()
-                        await self._fold_to_the_stream_end(caches, js)
-                    caches.stop()
+                        await self._fold_to_the_stream_end(pipeline, js)
+                    pipeline.stop()
 
                 tg.start_soon(stopper, name="stopper")
                 self.started.set()
-                await caches.run(head=self._head)
+                await pipeline.run(head=self._head)
                 await self._publish_what_is_committed()
                 tg.cancel_scope.cancel()  # the leader resigns on its way out
         finally:
@@ -316,7 +318,7 @@ class Replica:
                 await consumer.close()
                 if self.metrics is not None:
                     await self.metrics.stop()
-            self._log.info("replica.stopped", applied_seq=caches.committed_seq)
+            self._log.info("replica.stopped", applied_seq=pipeline.committed_seq)
 
     async def _start_from_snapshot(
         self, js: JetStreamContext, store: Store, info: StreamInfo
@@ -351,13 +353,13 @@ class Replica:
     # ---------------------------------------------------------------- leader
 
     async def _lead(self, leadership: Leadership) -> None:
-        caches, store, js, nc = self.caches, self.store, self.js, self.nc
-        assert caches is not None and store is not None and js is not None and nc is not None
+        pipeline, store, js, nc = self.pipeline, self.store, self.js, self.nc
+        assert pipeline is not None and store is not None and js is not None and nc is not None
         cfg = self.config
         leadership.published_seq = await store.published_seq()
         publisher = OutboxPublisher(store=store, nc=nc, prefix=cfg.prefix)
         reporter = StatusReporter(
-            caches=caches,
+            pipeline=pipeline,
             nc=nc,
             prefix=cfg.prefix,
             debounce_s=cfg.status_debounce_s,
@@ -365,21 +367,21 @@ class Replica:
             workers=cfg.workers,
         )
         warm = WarmPoolReconciler(
-            caches=caches,
+            pipeline=pipeline,
             js=js,
             prefix=cfg.prefix,
             interval_s=cfg.status_progress_interval_s,
             boot_timeout_s=cfg.warm_boot_timeout_s,
         )
         reaper = ReservationReaper(
-            caches=caches,
+            pipeline=pipeline,
             js=js,
             prefix=cfg.prefix,
             timeout_s=cfg.reservation_timeout_s,
             interval_s=cfg.status_progress_interval_s,
         )
         verifier = SuspectVerifier(
-            caches=caches,
+            pipeline=pipeline,
             js=js,
             prefix=cfg.prefix,
             probes={name: IncusPresence(host) for name, host in self.incus.items()},
@@ -399,17 +401,17 @@ class Replica:
             keep=cfg.snapshot_keep,
         )
         self._publisher, self._reporter = publisher, reporter
-        caches.add_listener(publisher.notify)
+        pipeline.add_listener(publisher.notify)
         try:
             async with anyio.create_task_group() as tg:
                 drained = anyio.Event()
                 tg.start_soon(publisher.run, leadership, drained, name="outbox")
                 await drained.wait()
-                await caches.synced.wait()
-                caches.add_listener(reporter.notify)
-                caches.add_listener(warm.notify)
-                caches.add_listener(verifier.notify)
-                caches.add_listener(reaper.notify)
+                await pipeline.synced.wait()
+                pipeline.add_listener(reporter.notify)
+                pipeline.add_listener(warm.notify)
+                pipeline.add_listener(verifier.notify)
+                pipeline.add_listener(reaper.notify)
                 tg.start_soon(reporter.run, name="status")
                 commands = anyio.CancelScope()
 
@@ -430,17 +432,17 @@ class Replica:
         finally:
             self.leader_ready = False
             self._commands = None
-            caches.remove_listener(publisher.notify)
-            caches.remove_listener(reporter.notify)
-            caches.remove_listener(warm.notify)
-            caches.remove_listener(verifier.notify)
-            caches.remove_listener(reaper.notify)
+            pipeline.remove_listener(publisher.notify)
+            pipeline.remove_listener(reporter.notify)
+            pipeline.remove_listener(warm.notify)
+            pipeline.remove_listener(verifier.notify)
+            pipeline.remove_listener(reaper.notify)
             self._published += publisher.published
             self._status_published += reporter.published
             self._publisher = self._reporter = None
 
     async def _fold_to_the_stream_end(
-        self, caches: Caches, js: JetStreamContext, within_s: float = 5.0
+        self, pipeline: Pipeline, js: JetStreamContext, within_s: float = 5.0
     ) -> None:
         """A leader that stops has cancelled its command issuers; before it stops folding
         it folds the input stream up to its end, so that the commands it issued itself
@@ -463,13 +465,13 @@ class Replica:
                 if found == end:
                     break
                 end = found
-                while caches.committed_seq < end:  # noqa: ASYNC110 (the caches' own progress)
+                while pipeline.committed_seq < end:  # noqa: ASYNC110 (the caches' own progress)
                     await anyio.sleep(0.02)
                 await anyio.sleep(_STREAM_END_SETTLE_S)
         if waited.cancelled_caught:
             self._log.warning(
                 "replica.stopping_behind",
-                applied_seq=caches.committed_seq,
+                applied_seq=pipeline.committed_seq,
                 within_s=within_s,
                 why="the inputs up to the stream's end were not all folded in time",
             )
@@ -500,7 +502,7 @@ class Replica:
         """The ``health`` query's result (docs/interface.md), with additions: this replica's
         name, whether it leads, and ``published_seq`` (every output of every input up to
         it is on the bus)."""
-        caches = self.caches
+        pipeline = self.pipeline
         head = self._head
         if self.js is not None:
             try:
@@ -510,10 +512,10 @@ class Replica:
             except Exception as exc:
                 self._log.debug("health.stream_info_failed", error=repr(exc))
         return {
-            "cache_ready": caches is not None,
-            "caches_synced": caches is not None and caches.synced.is_set(),
+            "cache_ready": pipeline is not None,
+            "caches_synced": pipeline is not None and pipeline.synced.is_set(),
             "leader_ready": self.leader_ready,
-            "applied_seq": caches.committed_seq if caches is not None else 0,
+            "applied_seq": pipeline.committed_seq if pipeline is not None else 0,
             "stream_last_seq": head,
             "replica": self.config.replica,
             "leader": self.election is not None and self.election.leading is not None,
@@ -530,22 +532,22 @@ class Replica:
 
     def facts(self) -> dict[str, Any]:
         """Counters for the metrics collector."""
-        caches = self.caches
+        pipeline = self.pipeline
         publisher, reporter = self._publisher, self._reporter
         return {
-            "applied": caches.committed_seq if caches else 0,
+            "applied": pipeline.committed_seq if pipeline else 0,
             "head": self._head,
-            "synced": int(caches is not None and caches.synced.is_set()),
+            "synced": int(pipeline is not None and pipeline.synced.is_set()),
             "leader": int(self.election is not None and self.election.leading is not None),
             "leader_ready": int(self.leader_ready),
-            "folded": caches.folded if caches else 0,
-            "batches": caches.batches if caches else 0,
-            "commit_seconds": caches.commit_seconds if caches else 0.0,
-            "dead_letters": dict(caches.dead_letters) if caches else {},
-            "decisions": caches.decisions if caches else 0,
-            "commands": caches.commands if caches else 0,
+            "folded": pipeline.folded if pipeline else 0,
+            "batches": pipeline.batches if pipeline else 0,
+            "commit_seconds": pipeline.commit_seconds if pipeline else 0.0,
+            "dead_letters": dict(pipeline.dead_letters) if pipeline else {},
+            "decisions": pipeline.decisions if pipeline else 0,
+            "commands": pipeline.commands if pipeline else 0,
             "published": self._published + (publisher.published if publisher else 0),
             "status": self._status_published + (reporter.published if reporter else 0),
             "queries": self.queries.answered if self.queries else 0,
-            "restarts": caches.consumer.restarts if caches else 0,
+            "restarts": pipeline.consumer.restarts if pipeline else 0,
         }

@@ -1,7 +1,7 @@
 """The pipeline (consume → fold → commit → ack) on its own: an input consumer over a real
 nats-server, a real SQLite store, and nothing else of a replica.
 
-What it must do (reconciler/replica/caches.py): batch what is there, fold in stream
+What it must do (reconciler/replica/pipeline.py): batch what is there, fold in stream
 order, commit position, state and outbox together, and only then acknowledge; skip what
 was folded already; dead-letter bad input without touching the state; say when it has
 caught up; stop cleanly; and never acknowledge what a failed commit did not write.
@@ -30,7 +30,7 @@ from reconciler.bus.codec import Decoder
 from reconciler.bus.consumer import InputConsumer
 from reconciler.bus.reader import parse_ack_subject
 from reconciler.core.messages import Output
-from reconciler.replica.caches import MERGE_LIMIT, Caches, Commit
+from reconciler.replica.pipeline import MERGE_LIMIT, Commit, Pipeline
 from reconciler.store.digest import state_digest
 from reconciler.store.errors import StoreError
 from reconciler.store.sqlite import Store
@@ -68,7 +68,7 @@ class Verdicts:
 class Line:
     """A running pipeline and what can be seen of it."""
 
-    caches: Caches
+    pipeline: Pipeline
     store: Store
     bus: BusClient
     verdicts: Verdicts
@@ -82,13 +82,13 @@ class Line:
     async def folded_up_to(self, seq: int, *, within_s: float = 10.0) -> None:
         """Until ``seq`` is folded, committed and acknowledged."""
         with anyio.fail_after(within_s):
-            while self.caches.committed_seq < seq or self.verdicts.acked() < seq:  # noqa: ASYNC110
+            while self.pipeline.committed_seq < seq or self.verdicts.acked() < seq:  # noqa: ASYNC110
                 await anyio.sleep(0.01)
 
     async def folded_ahead(self, seq: int, *, within_s: float = 10.0) -> None:
         """Until ``seq`` is folded into the state, committed or not."""
         with anyio.fail_after(within_s):
-            while self.caches.state.applied_seq < seq:  # noqa: ASYNC110
+            while self.pipeline.state.applied_seq < seq:  # noqa: ASYNC110
                 await anyio.sleep(0.01)
 
     async def with_fleet(self) -> None:
@@ -118,22 +118,24 @@ async def pipeline(
         consumer = InputConsumer(
             nc, bus.js, stream="RC_IN", durable=DURABLE, batch=batch, fetch_timeout_s=0.3
         )
-        caches = Caches(store=store, state=state, consumer=consumer, decoder=Decoder(), prefix="rc")
-        line = Line(caches, store, bus, verdicts, commits=[], committed_at_verdict=[])
-        caches.add_listener(line.commits.append)
+        pipeline = Pipeline(
+            store=store, state=state, consumer=consumer, decoder=Decoder(), prefix="rc"
+        )
+        line = Line(pipeline, store, bus, verdicts, commits=[], committed_at_verdict=[])
+        pipeline.add_listener(line.commits.append)
 
         async def on_verdict(msg: Msg) -> None:
             verdicts.seen.append((msg.data, parse_ack_subject(msg.subject)[0]))
-            line.committed_at_verdict.append(caches.committed_seq)
+            line.committed_at_verdict.append(pipeline.committed_seq)
 
         sub = await spy.subscribe(f"$JS.ACK.RC_IN.{DURABLE}.>", cb=on_verdict)
         await spy.flush()
         await consumer.start(from_seq=from_seq or state.applied_seq + 1)
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(caches.run)
+                tg.start_soon(pipeline.run)
                 yield line
-                caches.stop()
+                pipeline.stop()
         finally:
             await consumer.close()
             # the last verdicts: sent, relayed to the spy, handed to its callback
@@ -190,7 +192,7 @@ async def test_what_is_waiting_is_folded_in_batches_and_committed_once_each(
         decisions = [o for o in line.outputs() if o.subject.startswith("out.decision.")]
         assert [o.msg_id for o in decisions] == [f"decision:a{i}:final" for i in range(118)]
         assert await line.store.applied_seq() == 120
-        live = state_digest(line.caches.state)
+        live = state_digest(line.pipeline.state)
     async with await Store.open(tmp_path / "rc.db") as reopened:
         assert state_digest(await reopened.load_state()) == live  # what was folded is stored
     info = await bus.js.consumer_info("RC_IN", DURABLE)
@@ -208,7 +210,7 @@ async def test_what_arrives_while_a_commit_waits_joins_the_next_commit(
             for item in admits(0, 30):
                 await line.bus.send(item)  # one at a time: each fetched on its own
             await line.folded_ahead(32, within_s=10)
-            assert line.caches.committed_seq < 32  # nothing of it committed yet
+            assert line.pipeline.committed_seq < 32  # nothing of it committed yet
         await line.folded_up_to(32)
         # the batch handed to the blocked commit, then what gathered meanwhile
         assert len(line.commits) - before <= 3
@@ -251,15 +253,15 @@ async def test_deliveries_at_or_below_the_applied_sequence_are_acked_not_folded(
     async with pipeline(nc, nats_url, db) as line:
         await line.bus.send(*FLEET, *admits(0, 8))
         await line.folded_up_to(10)
-        digest = state_digest(line.caches.state)
-        folded = line.caches.folded
+        digest = state_digest(line.pipeline.state)
+        folded = line.pipeline.folded
     # the same store, its consumer started at the stream's beginning: 1..10 come again
     async with pipeline(nc, nats_url, db, from_seq=1) as again:
-        assert again.caches.state.applied_seq == 10
+        assert again.pipeline.state.applied_seq == 10
         await again.bus.send(*admits(8, 2))
         await again.folded_up_to(12)
-        assert state_digest(again.caches.state) != digest
-        assert again.caches.folded == 2  # the two new ones only
+        assert state_digest(again.pipeline.state) != digest
+        assert again.pipeline.folded == 2  # the two new ones only
         outputs = again.outputs()
         assert [o.msg_id for o in outputs if o.subject.startswith("out.decision.")] == [
             "decision:a8:final",
@@ -303,7 +305,7 @@ async def test_bad_input_is_dead_lettered_in_order_terminated_and_changes_nothin
         assert [o.msg_id for o in dead] == ["dlq:4", "dlq:5", "dlq:6"]
         assert sorted(line.verdicts.terminated()) == [4, 5, 6]  # never redelivered
         assert sum(c.dead_letters for c in line.commits) == 3
-        assert line.caches.dead_letters == {"decode": 1, "schema": 2}
+        assert line.pipeline.dead_letters == {"decode": 1, "schema": 2}
 
 
 # ---------------------------------------------------------------- caught up, synced
@@ -318,16 +320,16 @@ async def test_synced_once_the_stream_head_seen_at_start_is_committed(
     async with pipeline(nc, nats_url, tmp_path / "rc.db", batch=10) as line:
         # the head is read at start; synced only once it is committed, not folded
         with anyio.fail_after(10):
-            while line.caches.head_at_start == 0:  # noqa: ASYNC110
+            while line.pipeline.head_at_start == 0:  # noqa: ASYNC110
                 await anyio.sleep(0.01)
-        assert line.caches.head_at_start == 30
-        await line.caches.synced.wait()
-        assert line.caches.committed_seq >= 30
+        assert line.pipeline.head_at_start == 30
+        await line.pipeline.synced.wait()
+        assert line.pipeline.committed_seq >= 30
         assert await line.store.applied_seq() >= 30
         # inputs published later do not make it unsynced
         await bus.send(*admits(28, 5))
         await line.folded_up_to(35)
-        assert line.caches.synced.is_set()
+        assert line.pipeline.synced.is_set()
 
 
 async def test_synced_at_once_on_an_empty_stream_and_not_before_the_commit(
@@ -335,8 +337,8 @@ async def test_synced_at_once_on_an_empty_stream_and_not_before_the_commit(
 ) -> None:
     async with pipeline(nc, nats_url, tmp_path / "empty.db") as line:
         with anyio.fail_after(5):
-            await line.caches.synced.wait()
-        assert line.caches.head_at_start == 0
+            await line.pipeline.synced.wait()
+        assert line.pipeline.head_at_start == 0
     await BusClient(nc).send(*FLEET)
     db = tmp_path / "rc.db"
     async with await Store.open(db):
@@ -344,11 +346,11 @@ async def test_synced_at_once_on_an_empty_stream_and_not_before_the_commit(
     async with DatabaseLock(db) as lock, pipeline(nc, nats_url, db) as line:
         await line.folded_ahead(2, within_s=10)
         await anyio.sleep(0.2)
-        assert not line.caches.synced.is_set()  # folded, not committed
+        assert not line.pipeline.synced.is_set()  # folded, not committed
         await lock.release()
         with anyio.fail_after(5):
-            await line.caches.synced.wait()
-        assert line.caches.committed_seq == 2
+            await line.pipeline.synced.wait()
+        assert line.pipeline.committed_seq == 2
 
 
 # -------------------------------------------------------------------- error paths
@@ -398,9 +400,9 @@ async def test_stopping_commits_and_acknowledges_the_batch_in_hand(
         async with DatabaseLock(db):
             await line.bus.send(*admits(0, 15))
             await line.folded_ahead(17, within_s=10)
-            line.caches.stop()  # asked to stop with folded batches waiting for the commit
+            line.pipeline.stop()  # asked to stop with folded batches waiting for the commit
         # leaving the block waits for run() to return
-    assert line.caches.committed_seq == 17 and line.verdicts.acked() == 17
+    assert line.pipeline.committed_seq == 17 and line.verdicts.acked() == 17
     async with await Store.open(db) as store:
         assert await store.applied_seq() == 17
 
@@ -409,8 +411,8 @@ async def test_a_stop_while_waiting_for_deliveries_returns_at_once(
     nc: Client, nats_url: str, tmp_path: Path
 ) -> None:
     async with pipeline(nc, nats_url, tmp_path / "rc.db") as line:
-        await line.caches.synced.wait()
+        await line.pipeline.synced.wait()
         await anyio.sleep(0.1)  # waiting on a fetch now
         started = anyio.current_time()
-        line.caches.stop()
+        line.pipeline.stop()
     assert anyio.current_time() - started < 1.0

@@ -40,7 +40,7 @@ from reconciler.bus.sending import publish
 from reconciler.core.messages import Origin, Subjects, command_msg_id
 from reconciler.core.model import LeaseId, RequestId
 from reconciler.core.state import is_reserved_cold
-from reconciler.replica.caches import Caches, Commit
+from reconciler.replica.pipeline import Commit, Pipeline
 from reconciler.work.queue import WorkQueue, run_workers
 
 __all__ = [
@@ -69,7 +69,7 @@ class ReservationReaper:
     def __init__(
         self,
         *,
-        caches: Caches,
+        pipeline: Pipeline,
         js: JetStreamContext,
         prefix: str,
         timeout_s: float = DEFAULT_RESERVATION_TIMEOUT_S,
@@ -77,7 +77,7 @@ class ReservationReaper:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        self.caches = caches
+        self.pipeline = pipeline
         self.js = js
         self.prefix = prefix
         self.subjects = Subjects(prefix)
@@ -98,7 +98,7 @@ class ReservationReaper:
     def _due_at(self, lease_id: LeaseId) -> float | None:
         """When a lease still reserved and cold comes due (0: its admission was evicted
         by the decision retention, so it is older than that); None when it is not."""
-        state = self.caches.state
+        state = self.pipeline.state
         lease = state.leases.get(lease_id)
         if lease is None or not is_reserved_cold(lease):
             return None
@@ -112,7 +112,7 @@ class ReservationReaper:
 
     def notify(self, commit: Commit) -> None:
         """Commit listener: file every lease the batch left reserved and cold (O(batch))."""
-        leases = self.caches.state.leases
+        leases = self.pipeline.state.leases
         for lease_id in commit.fx.leases:
             lease = leases.get(lease_id)
             if lease is not None and is_reserved_cold(lease):
@@ -121,7 +121,7 @@ class ReservationReaper:
     async def run(self) -> None:
         """File the reserved cold leases there are (once, at the start of leadership),
         then hand each to the work queue when it comes due."""
-        reserved = [le for le in self.caches.state.leases.values() if is_reserved_cold(le)]
+        reserved = [le for le in self.pipeline.state.leases.values() if is_reserved_cold(le)]
         for lease in sorted(reserved, key=lambda le: (le.admitted_seq, le.lease_id)):
             self._file(lease.lease_id)
         try:
@@ -150,7 +150,7 @@ class ReservationReaper:
 
     async def reap(self, key: str) -> None:
         """Release one lease if it was abandoned (the state may have moved on)."""
-        state = self.caches.state
+        state = self.pipeline.state
         lease = state.leases.get(LeaseId(key))
         if lease is None or not is_reserved_cold(lease):
             return  # created, released or evicted meanwhile
