@@ -121,7 +121,7 @@ from nats.js.errors import FetchTimeoutError
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reconciler.bus.codec import BadInput, Decoder  # noqa: E402
+from reconciler.bus.decoder import BadInput, Decoder  # noqa: E402
 from reconciler.bus.streams import StreamNames, ensure_streams  # noqa: E402
 from reconciler.cli.logs import configure_logging  # noqa: E402
 from reconciler.client import ReconcilerClient  # noqa: E402

@@ -3,7 +3,7 @@
 All of them are pull consumers read by :class:`~reconciler.bus.reader.PullReader`.
 
 - **The replica's input consumer** ``<PREFIX>_IN-<replica>`` on the IN stream
-  (:func:`input_consumer`, read by :class:`~reconciler.bus.consumer.InputConsumer`):
+  (:func:`input_consumer`, read by :class:`~reconciler.bus.input_consumer.InputConsumer`):
   durable, but recreated at every start to deliver from the store's position
   (``BY_START_SEQUENCE``), since the position of record is the store's, not the
   consumer's. Cumulative acks (``AckPolicy.ALL``: one ``+ACK`` of a committed batch's

@@ -2,7 +2,7 @@
 buffered as they come, in the order the server sends them.
 
 Every reader of a stream in the project is one of these: the replica's input consumer
-(:class:`~reconciler.bus.consumer.InputConsumer`), the replay's readers of both streams
+(:class:`~reconciler.bus.input_consumer.InputConsumer`), the replay's readers of both streams
 (:class:`~reconciler.replay.readers.StreamReader`) and the executor's fetch loop
 (:mod:`reconciler.executor.executor`). What each makes of the order (gap-free by stream
 sequence, by consumer sequence, or not at all) is its own; the consumers they read are

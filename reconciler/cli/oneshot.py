@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 import click
 from nats.aio.client import Client
 
-from reconciler.bus.codec import Decoder
 from reconciler.bus.connection import ConnectOptions, ConnectRefused, connect
+from reconciler.bus.decoder import Decoder
 from reconciler.bus.schemas import SchemaLoadError
 from reconciler.cli.logs import LOG_FORMATS, LOG_LEVELS
 
@@ -115,7 +115,7 @@ def _decoder() -> Decoder:
 def input_problems(kind: str, payload: Any, *, subject_token: str | None = None) -> list[str]:
     """Why ``payload`` is not a valid input of ``kind`` (empty when it is): its schema
     first, then the checks the fold makes after the schema, as the reconciler's decoder
-    checks them (:meth:`reconciler.bus.codec.Decoder.problems`)."""
+    checks them (:meth:`reconciler.bus.decoder.Decoder.problems`)."""
     try:
         decoder = _decoder()
     except SchemaLoadError as exc:

@@ -28,7 +28,7 @@ Rules (docs/interface.md, "Executor commands"):
   ``workers`` instances of each host run in parallel. Hosts have their own queues and
   workers, so a host that does not answer never holds up the others.
 - **Once per command id.** Before acting, the head's ``command_id`` is looked up in the
-  executor's database (:mod:`reconciler.executor.store`); a finished one is
+  executor's database (:mod:`reconciler.executor.records`); a finished one is
   acked without acting. Every outcome is recorded *before* the ack. A create whose
   lease's VM was already deleted is ``superseded`` (a create redelivered after a crash
   can arrive after the delete that followed it; it must not bring the VM back).
@@ -111,7 +111,7 @@ from reconciler.executor.commands import (
     invalid_instance_name,
 )
 from reconciler.executor.metrics import CommandCounts, LiveFacts
-from reconciler.executor.store import ExecutorStore, FinishedCommand
+from reconciler.executor.records import ExecutorStore, FinishedCommand
 from reconciler.incus.client import (
     DEFAULT_OPERATION_TIMEOUT_S,
     DEFAULT_REQUEST_TIMEOUT_S,

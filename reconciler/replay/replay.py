@@ -59,9 +59,9 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from reconciler.bus.codec import Decoder
 from reconciler.bus.connection import ConnectOptions, connect
-from reconciler.bus.consumer import Delivery, InputConsumer
+from reconciler.bus.decoder import Decoder
+from reconciler.bus.input_consumer import Delivery, InputConsumer
 from reconciler.bus.streams import StreamNames
 from reconciler.core.compat import judge
 from reconciler.core.messages import DEFAULT_PREFIX
@@ -77,7 +77,7 @@ from reconciler.replica.collector import StateCollector
 from reconciler.replica.pipeline import Commit, FoldFailed, Pipeline, fold_deliveries
 from reconciler.replica.snapshot_bucket import SnapshotBucket, snapshot_for_replay, stream_identity
 from reconciler.store.digest import state_digest
-from reconciler.store.snapshot import DecodedSnapshot, SnapshotError, restore_batch
+from reconciler.store.snapshot_format import DecodedSnapshot, SnapshotError, restore_batch
 from reconciler.store.sqlite import Store
 
 __all__ = ["Divergence", "ReplayError", "ReplayReport", "replay", "replay_into"]

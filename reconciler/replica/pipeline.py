@@ -47,8 +47,8 @@ import anyio.lowlevel
 import structlog
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
-from reconciler.bus.codec import BadInput, Decoder, dead_letter_output
-from reconciler.bus.consumer import Delivery, InputConsumer
+from reconciler.bus.decoder import BadInput, Decoder, dead_letter_output
+from reconciler.bus.input_consumer import Delivery, InputConsumer
 from reconciler.core.fold import fold_input
 from reconciler.core.messages import (
     DEAD_LETTER_HEAD,

@@ -34,9 +34,9 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import StreamInfo
 
-from reconciler.bus.codec import Decoder
 from reconciler.bus.connection import ConnectOptions, ConnectRefused, connect
-from reconciler.bus.consumer import InputConsumer
+from reconciler.bus.decoder import Decoder
+from reconciler.bus.input_consumer import InputConsumer
 from reconciler.bus.streams import (
     DEFAULT_DUPLICATE_WINDOW_S,
     DEFAULT_LEADER_TTL_S,

@@ -1,6 +1,6 @@
 """Snapshots on the bus: the leader publishes them, a new replica and a replay start from one.
 
-Rules (issue 15, "Snapshots"; the format is :mod:`reconciler.store.snapshot`):
+Rules (issue 15, "Snapshots"; the format is :mod:`reconciler.store.snapshot_format`):
 
 - Snapshots live in the JetStream object store ``<prefix>_snapshots``, one object per
   snapshot, named ``state-<applied_seq>`` (zero-padded, so names sort by position).
@@ -42,7 +42,7 @@ from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
 from reconciler.core.messages import STREAM_HEADER
-from reconciler.store.snapshot import (
+from reconciler.store.snapshot_format import (
     DecodedSnapshot,
     Snapshot,
     SnapshotError,
@@ -123,7 +123,7 @@ class SnapshotBucket:
                 self._store = await self.js.create_object_store(
                     self.name,
                     config=api.ObjectStoreConfig(
-                        description="reconciler state snapshots (reconciler.store.snapshot)",
+                        description="reconciler state snapshots",
                         replicas=self.replicas,
                     ),
                 )

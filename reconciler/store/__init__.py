@@ -7,9 +7,9 @@
   (:mod:`reconciler.store.writer_child` is the process itself;
   :mod:`reconciler.store.pipes` widens the pipes to it and to the replay's reader).
 - :mod:`reconciler.store.codec`: exact JSON round trips of the core's dataclasses;
-  :mod:`reconciler.store.outbox`: the outbox's row format, one row per batch.
+  :mod:`reconciler.store.outbox_rows`: the outbox's row format, one row per batch.
 - :mod:`reconciler.store.digest`: the state's digest, which a replica and its replay
-  compare; :mod:`reconciler.store.snapshot`: the state as canonical bytes, for snapshots.
+  compare; :mod:`reconciler.store.snapshot_format`: the state as canonical bytes, for snapshots.
 - :mod:`reconciler.store.migrations`: the schema, as forward-only numbered migrations.
 - :mod:`reconciler.store.errors`: :class:`StoreError` and its conditions.
 

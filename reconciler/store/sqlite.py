@@ -48,7 +48,7 @@ from reconciler.store.database import Database, check_worker_api, create_private
 from reconciler.store.errors import StoreError
 from reconciler.store.migrations import LATEST, migrate
 from reconciler.store.migrations import schema_version as read_schema_version
-from reconciler.store.outbox import pack_outputs, unpack_outputs
+from reconciler.store.outbox_rows import pack_outputs, unpack_outputs
 from reconciler.store.transactions import (
     INSERT_OUTBOX,
     PRUNE_JOURNAL,

@@ -22,7 +22,7 @@ from nats.aio.client import Client
 
 from reconciler.bus import direct, nats_internals, wire
 from reconciler.bus.connection import ConnectOptions, connect
-from reconciler.bus.consumer import InputConsumer
+from reconciler.bus.input_consumer import InputConsumer
 from reconciler.bus.nats_internals import UnsupportedNatsPy
 from reconciler.bus.publisher import publish_outputs
 from reconciler.bus.sending import publish

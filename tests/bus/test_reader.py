@@ -46,16 +46,32 @@ async def _read(reader: PullReader, n: int, *, within_s: float = 5.0) -> list[in
     return seqs
 
 
-def test_ack_subjects_and_timestamps() -> None:
+def test_ack_subjects_of_both_forms_give_sequence_deliveries_and_time() -> None:
     assert parse_ack_subject("$JS.ACK.RC_IN.c1.2.41.40.1764669600123456789.7") == (
         41,
         2,
         1764669600123456789,
     )
+    assert parse_ack_subject("$JS.ACK.hub.ACCHASH.RC_IN.c1.1.9.9.1764669600000000001.0.x") == (
+        9,
+        1,
+        1764669600000000001,
+    )
+    for bad in ("_INBOX.abc", "$JS.ACK.too.short", ""):
+        with pytest.raises(ValueError):
+            parse_ack_subject(bad)
+
+
+def test_timestamps_keep_all_nine_digits() -> None:
+    assert rfc3339_nanos(1764669600123456789) == "2025-12-02T10:00:00.123456789Z"
+    assert rfc3339_nanos(1764669600000000000) == "2025-12-02T10:00:00.000000000Z"
+    assert rfc3339_nanos(0) == "1970-01-01T00:00:00.000000000Z"
+
+
+def test_the_pending_count_comes_from_the_ack_subject() -> None:
     assert pending_of("$JS.ACK.RC_OUT.c1.1.9.9.1764669600000000001.17") == 17
     assert pending_of("$JS.ACK.hub.ACCHASH.RC_OUT.c1.1.9.9.1764669600000000001.4.x") == 4
     assert pending_of("_INBOX.abc") == 0
-    assert rfc3339_nanos(1764669600000000001) == "2025-12-02T10:00:00.000000001Z"
 
 
 async def test_requests_are_made_ahead_and_no_further(nc: Client) -> None:

@@ -29,7 +29,7 @@ from nats.js import api
 from reconciler.bus.streams import ensure_streams
 from reconciler.core.model import TAG_KIND, TAG_LEASE_ID, TAG_POOL
 from reconciler.executor.executor import ExecutorConfig, consumer_name
-from reconciler.executor.store import ExecutorStore, FinishedCommand
+from reconciler.executor.records import ExecutorStore, FinishedCommand
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.simulator import Fleet, Listen, default_fleet
 from tests.incus.conftest import FAST, make_fleet

@@ -32,7 +32,7 @@ from reconciler.replay.readers import (
 )
 from reconciler.replay.replay import ReplayError, replay_into
 from reconciler.replica.snapshot_bucket import SnapshotBucket, SnapshotPublisher, object_name
-from reconciler.store.snapshot import read_snapshot
+from reconciler.store.snapshot_format import read_snapshot
 from reconciler.store.sqlite import Store
 from tests.replica.test_snapshot_bucket import digest_of, fold_with_snapshot, tamper
 from tests.support import builders as b

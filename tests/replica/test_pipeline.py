@@ -26,8 +26,8 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from reconciler.bus.codec import Decoder
-from reconciler.bus.consumer import InputConsumer
+from reconciler.bus.decoder import Decoder
+from reconciler.bus.input_consumer import InputConsumer
 from reconciler.bus.reader import parse_ack_subject
 from reconciler.core.messages import Output
 from reconciler.replica.pipeline import MERGE_LIMIT, Commit, Pipeline

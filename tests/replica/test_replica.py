@@ -12,8 +12,8 @@ import orjson
 import pytest
 from nats.aio.client import Client
 
-from reconciler.bus.codec import Decoder
-from reconciler.bus.consumer import InputConsumer
+from reconciler.bus.decoder import Decoder
+from reconciler.bus.input_consumer import InputConsumer
 from reconciler.bus.schemas import load
 from reconciler.core.model import PoolName
 from reconciler.core.state import State

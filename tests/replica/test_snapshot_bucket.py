@@ -20,7 +20,7 @@ from reconciler.replica.snapshot_bucket import (
     restore_newest,
 )
 from reconciler.store.digest import state_digest
-from reconciler.store.snapshot import (
+from reconciler.store.snapshot_format import (
     Snapshot,
     SnapshotError,
     decode_snapshot,

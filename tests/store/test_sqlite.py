@@ -45,7 +45,7 @@ from reconciler.store import (
 from reconciler.store import migrations as mig
 from reconciler.store.codec import CodecError
 from reconciler.store.digest import state_digest
-from reconciler.store.outbox import unpack_outputs
+from reconciler.store.outbox_rows import unpack_outputs
 from tests.core.test_fold_properties import out_tuples
 from tests.core.test_retention import Clocked
 from tests.support import builders as b
@@ -753,7 +753,7 @@ async def test_a_cancelled_commit_is_all_or_nothing(tmp_path: Path) -> None:
 
 
 def test_packed_outputs_round_trip_in_order() -> None:
-    from reconciler.store.outbox import pack_outputs
+    from reconciler.store.outbox_rows import pack_outputs
 
     outputs = [
         ("out.decision.r1", "decision:r1:final", b'{"a":1}'),

@@ -59,12 +59,7 @@ from reconciler.bus.reader import (
 )
 from reconciler.bus.violations import guarded
 
-__all__ = [
-    "Delivery",
-    "InputConsumer",
-    "parse_ack_subject",
-    "rfc3339_nanos",
-]
+__all__ = ["LOOKAHEAD", "Delivery", "InputConsumer"]
 
 logger = structlog.get_logger(__name__)
 

@@ -1,4 +1,4 @@
-"""The executor's own database (reconciler.executor.store): finished commands, private."""
+"""The executor's own database (reconciler.executor.records): finished commands, private."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.executor.store import ExecutorStore, FinishedCommand
+from reconciler.executor.records import ExecutorStore, FinishedCommand
 
 pytestmark = pytest.mark.timeout(60)
 

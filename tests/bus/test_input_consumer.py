@@ -1,4 +1,4 @@
-"""The input consumer (reconciler.bus.consumer: ordered, gap-free, restartable), against a
+"""The input consumer (reconciler.bus.input_consumer: ordered, gap-free, restartable), against a
 real nats-server."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
-from reconciler.bus.consumer import LOOKAHEAD, InputConsumer, parse_ack_subject, rfc3339_nanos
+from reconciler.bus.input_consumer import LOOKAHEAD, InputConsumer
 from reconciler.bus.streams import StreamNames
 from tests.support.bus import BusClient
 from tests.support.natsserver import NatsServer, expect_reconnect
@@ -15,28 +15,6 @@ from tests.support.natsserver import NatsServer, expect_reconnect
 pytestmark = pytest.mark.timeout(30)
 
 NAMES = StreamNames.for_prefix("rc")
-
-
-def test_ack_subjects_of_both_forms_give_sequence_deliveries_and_time() -> None:
-    assert parse_ack_subject("$JS.ACK.RC_IN.c1.2.41.40.1764669600123456789.7") == (
-        41,
-        2,
-        1764669600123456789,
-    )
-    assert parse_ack_subject("$JS.ACK.hub.ACCHASH.RC_IN.c1.1.9.9.1764669600000000001.0.x") == (
-        9,
-        1,
-        1764669600000000001,
-    )
-    for bad in ("_INBOX.abc", "$JS.ACK.too.short", ""):
-        with pytest.raises(ValueError):
-            parse_ack_subject(bad)
-
-
-def test_timestamps_keep_all_nine_digits() -> None:
-    assert rfc3339_nanos(1764669600123456789) == "2025-12-02T10:00:00.123456789Z"
-    assert rfc3339_nanos(1764669600000000000) == "2025-12-02T10:00:00.000000000Z"
-    assert rfc3339_nanos(0) == "1970-01-01T00:00:00.000000000Z"
 
 
 async def publish(bus: BusClient, n: int) -> None:

@@ -1,4 +1,4 @@
-"""The input decoder and dead letters (``reconciler.bus.codec``), black-box over bytes.
+"""The input decoder and dead letters (``reconciler.bus.decoder``), black-box over bytes.
 
 Subjects and payloads are written as the contract writes them; the schemas' own examples
 supply one valid payload per input kind.
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.bus.codec import (
+from reconciler.bus.decoder import (
     MAX_PAYLOAD_BYTES,
     BadInput,
     Decoded,
