@@ -374,8 +374,8 @@ def demo(db: Path, nats_url: str | None, quiet: bool, incus_real: bool, log_leve
     decision as it comes back, then replays the stream to prove every decision again.
     """
     configure_logging(fmt="text", level=log_level)
-    from reconciler.cli.demo import run_demo  # the simulator, pylxd: only for the demo
-    from reconciler.cli.demo_real import run_real_demo
+    from reconciler.demo.real_incus import run_real_demo
+    from reconciler.demo.simulated import run_demo  # the simulator, pylxd: only for the demo
 
     story = run_real_demo if incus_real else run_demo
     try:

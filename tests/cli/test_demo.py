@@ -1,5 +1,5 @@
-"""``reconciler demo`` (reconciler.cli.demo, demo_real): the story on a simulated fleet,
-and on a private real Incus daemon, each replayed without a divergence."""
+"""``reconciler demo`` (reconciler.demo: simulated, real_incus): the story on a simulated
+fleet, and on a private real Incus daemon, each replayed without a divergence."""
 
 from __future__ import annotations
 

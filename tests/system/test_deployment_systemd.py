@@ -29,8 +29,8 @@ from click.testing import CliRunner
 
 from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.sending import publish
-from reconciler.cli.local_incus import start_local_incus
 from reconciler.cli.main import cli
+from reconciler.demo.local_incus import start_local_incus
 from reconciler.replay.replay import replay_into
 from reconciler.store.digest import state_digest
 from reconciler.store.sqlite import Store

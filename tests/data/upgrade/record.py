@@ -132,7 +132,7 @@ def _url(work: Path) -> str:
 
 
 async def _record(url: str, work: Path) -> dict[str, int]:
-    from reconciler.cli.demo import run_demo
+    from reconciler.demo.simulated import run_demo
 
     db = work / "demo.db"
     summary = await run_demo(db, nats_url=url, echo=False)

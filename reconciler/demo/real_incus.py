@@ -1,6 +1,6 @@
 """The demo on a real, local Incus (``reconciler demo --incus-real``): containers.
 
-It starts a private Incus daemon (:mod:`reconciler.cli.local_incus`: its own directory,
+It starts a private Incus daemon (:mod:`reconciler.demo.local_incus`: its own directory,
 no network, a busybox image whose init tells Incus it is ready), a local nats-server,
 and, as in production, one replica of ``reconciler run``, ``reconciler bridge`` and
 ``reconciler executor`` talking to it over its unix socket through pylxd. Incus on a
@@ -30,7 +30,10 @@ import click
 from reconciler.bridge.bridge import Bridge, HostBridge, settings_from_json
 from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.embedded import embedded_nats
-from reconciler.cli.demo import (
+from reconciler.core.messages import DEFAULT_PREFIX
+from reconciler.core.model import HostName
+from reconciler.demo.local_incus import LocalIncus, start_local_incus, unavailable
+from reconciler.demo.simulated import (
     Driver,
     Summary,
     _ready,
@@ -40,9 +43,6 @@ from reconciler.cli.demo import (
     _tell,
     _Watch,
 )
-from reconciler.cli.local_incus import LocalIncus, start_local_incus, unavailable
-from reconciler.core.messages import DEFAULT_PREFIX
-from reconciler.core.model import HostName
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.views import InstanceSpec
 from reconciler.replica.replica import Replica

@@ -34,7 +34,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 INCUSD = Path("/usr/libexec/incus/incusd")
@@ -138,27 +137,6 @@ class LocalIncus:
         for key, value in (config or {}).items():
             args += ["--config", f"{key}={value}"]
         self.incus(*args)
-
-    def launch_ready(self, name: str, *, within_s: float = 15.0, **kw: Any) -> None:
-        """Launch ``name`` and wait until its guest said it is ready (status ``Ready``)."""
-        self.launch(name, **kw)
-        self.wait_status(name, "Ready", within_s=within_s)
-
-    def wait_status(
-        self, name: str, status: str, *, project: str = "default", within_s: float = 15.0
-    ) -> None:
-        """Wait until instance ``name`` has ``status``; fail after ``within_s``."""
-        deadline = time.monotonic() + within_s
-        while True:
-            found = self.query(f"/1.0/instances/{name}?project={project}")
-            assert isinstance(found, dict)
-            if found["status"] == status:
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"{name} is {found['status']}, not {status}, after {within_s} s"
-                )
-            time.sleep(0.05)
 
     def clean(self) -> None:
         """Force-delete every instance in every project (one call per project)."""
