@@ -26,57 +26,10 @@ from nats.aio.client import Client
 from reconciler.bus.connection import ConnectOptions, ConnectRefused, connect
 from reconciler.bus.decoder import Decoder
 from reconciler.bus.schemas import SchemaLoadError
-from reconciler.cli.logs import LOG_FORMATS, LOG_LEVELS
 
-__all__ = [
-    "DEFAULT_CONNECT_TIMEOUT_S",
-    "connect_once",
-    "connect_timeout_option",
-    "input_problems",
-    "missing_stream",
-    "once",
-    "oneshot_log_options",
-]
+__all__ = ["connect_once", "input_problems", "missing_stream", "once"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-DEFAULT_CONNECT_TIMEOUT_S = 10.0
-
-
-def oneshot_log_options(f: F) -> F:
-    """``--log-format`` and ``--log-level`` for a command that runs once: it logs warnings
-    and errors unless asked for more (its result is what it prints, not its logs)."""
-    f = click.option(
-        "--log-level",
-        envvar="RC_LOG_LEVEL",
-        show_envvar=True,
-        type=click.Choice(LOG_LEVELS, case_sensitive=False),
-        default="warning",
-        show_default=True,
-        help="Least severe level logged.",
-    )(f)
-    return click.option(
-        "--log-format",
-        envvar="RC_LOG_FORMAT",
-        show_envvar=True,
-        type=click.Choice(LOG_FORMATS),
-        default="text",
-        show_default=True,
-        help="Log lines as JSON objects or as readable text.",
-    )(f)
-
-
-def connect_timeout_option(f: F) -> F:
-    """``--connect-timeout``: seconds to reach a NATS server before giving up."""
-    return click.option(
-        "--connect-timeout",
-        envvar="RC_CONNECT_TIMEOUT",
-        show_envvar=True,
-        type=click.FloatRange(min=0, min_open=True),
-        default=DEFAULT_CONNECT_TIMEOUT_S,
-        show_default=True,
-        help="Seconds to reach a NATS server before giving up with an error.",
-    )(f)
 
 
 def once(nats: ConnectOptions, timeout_s: float) -> ConnectOptions:

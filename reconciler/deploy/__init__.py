@@ -1,7 +1,7 @@
 """What a secured deployment is made of, generated: its credentials, the NATS accounts
 that give each component exactly the permissions it uses, and the Incus fleet file.
 
-``reconciler credentials`` (:mod:`reconciler.cli.credentials_cmd`) drives it. Rules:
+``reconciler credentials`` (:mod:`reconciler.cli.commands.credentials`) drives it. Rules:
 
 - **Named fleet.** A deployment is a prefix, NATS nodes, replicas and Incus hosts, each
   by name (:class:`~reconciler.deploy.fleet.Fleet`), recorded in the output directory

@@ -312,7 +312,7 @@ _FOLD_SLICE = 250
 
 #: allocations between two collections of the youngest generation during the fold
 #: (CPython: 700); what ``reconciler run --gc-threshold`` sets by default, and why
-#: (:mod:`reconciler.cli.gc_policy`)
+#: (:mod:`reconciler.replica.collector`)
 FOLD_GC_THRESHOLD = 10_000
 
 

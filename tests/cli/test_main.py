@@ -20,8 +20,8 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from reconciler.cli.gc_policy import DEFAULT_GC_THRESHOLD
 from reconciler.cli.main import cli
+from reconciler.replica.collector import DEFAULT_GC_THRESHOLD
 from reconciler.store.sqlite import Store
 from tests.support import builders as b
 from tests.support.bus import BusClient

@@ -14,8 +14,8 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
+from reconciler.cli.commands.query import QUERIES
 from reconciler.cli.main import cli
-from reconciler.cli.query_cmd import QUERIES
 from tests.cli.test_main import RunningProcess, on_bus
 from tests.support import builders as b
 from tests.support.bus import BusClient

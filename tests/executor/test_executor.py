@@ -7,7 +7,7 @@ instances in parallel; a command id acted on once (re-published, redelivered aft
 crash); retries of transient failures (a failing create, an unreachable host) and of a
 NATS restart; definite refusals terminated; bad commands refused without Incus;
 heartbeats; graceful shutdown. Parsing is in ``test_commands.py``, the command as a
-process in ``tests/cli/test_executor_cmd.py``.
+process in ``tests/cli/commands/test_executor.py``.
 """
 
 from __future__ import annotations

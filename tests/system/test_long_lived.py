@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
-from reconciler.cli.audit import audit_lines
+from reconciler.cli.commands.audit import audit_lines
 from reconciler.core.fold import fold
 from reconciler.core.inputs import Message
 from reconciler.core.model import InstanceName

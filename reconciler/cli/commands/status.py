@@ -11,13 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio
+import click
 import orjson
 
+from reconciler.cli.options import db_option, oneshot_log_options
 from reconciler.core.model import HostName, PoolName
 from reconciler.core.status import host_status, pool_status
+from reconciler.store.errors import StoreError
 from reconciler.store.sqlite import Store
 
-__all__ = ["overview_lines"]
+__all__ = ["overview_lines", "status"]
 
 
 async def overview_lines(db: Path, *, as_json: bool = False) -> list[str]:
@@ -82,3 +86,19 @@ def _pool_line(row: dict[str, Any]) -> str:
         f"{row['draining']:>5} {row['victims']:>7} {row['pending_requests']:>7} "
         f"{row['instances']:>9}  {row['min_ready']}/{row['max_ready']}"
     )
+
+
+@click.command("status")
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print host and pool status as JSON lines.")
+@oneshot_log_options
+def status(db: Path, as_json: bool, log_format: str, log_level: str) -> None:
+    """Hosts and pools at a glance, from the store of a (running or stopped) replica."""
+    if not db.exists():
+        raise click.ClickException(f"no store at {db} (use --db or RC_DB)")
+    try:
+        lines = anyio.run(lambda: overview_lines(db, as_json=as_json))
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for line in lines:
+        click.echo(line)

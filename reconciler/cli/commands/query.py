@@ -16,8 +16,13 @@ import click
 import orjson
 
 from reconciler.bus.schemas import SchemaLoadError, load
-from reconciler.cli.oneshot import connect_once, connect_timeout_option, oneshot_log_options
-from reconciler.cli.options import bus_options, common_from
+from reconciler.cli.oneshot import connect_once
+from reconciler.cli.options import (
+    bus_options,
+    common_from,
+    connect_timeout_option,
+    oneshot_log_options,
+)
 from reconciler.client import NoReplica, ReconcilerClient
 from reconciler.core.messages import MessageError, Origin, QueryReply
 from reconciler.core.queries import QUERIES as CORE_QUERIES

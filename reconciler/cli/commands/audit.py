@@ -24,16 +24,26 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import click
 import orjson
 import structlog
 from nats.js.errors import NotFoundError
 
 from reconciler.bus.connection import ConnectOptions
 from reconciler.bus.streams import StreamNames
-from reconciler.cli.oneshot import DEFAULT_CONNECT_TIMEOUT_S, connect_once, missing_stream
+from reconciler.cli.oneshot import connect_once, missing_stream, once
+from reconciler.cli.options import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    bus_options,
+    common_from,
+    connect_timeout_option,
+    db_option,
+    oneshot_log_options,
+)
+from reconciler.store.errors import StoreError
 from reconciler.store.sqlite import Store
 
-__all__ = ["audit_lines"]
+__all__ = ["audit", "audit_lines"]
 
 logger = structlog.get_logger(__name__)
 
@@ -230,3 +240,41 @@ def _json_lines(
             out.append(orjson.dumps({"type": "input", "input_seq": seq, **inputs[seq]}).decode())
         out.extend(orjson.dumps(e).decode() for e in events[seq])
     return out
+
+
+@click.command("audit")
+@click.argument("identifier")
+@bus_options
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print the timeline as JSON lines.")
+@click.option(
+    "--no-inputs",
+    is_flag=True,
+    help="Do not fetch the input messages from the stream (works without NATS).",
+)
+@connect_timeout_option
+@oneshot_log_options
+def audit(
+    identifier: str, as_json: bool, no_inputs: bool, connect_timeout: float, **kwargs: Any
+) -> None:
+    """A lease's timeline: its inputs, transitions and decisions, with stream sequences.
+
+    IDENTIFIER is a job identity, an instance name, a lease id or a request id.
+    """
+    common = common_from(kwargs, name="reconciler-audit")
+    try:
+        lines = anyio.run(
+            lambda: audit_lines(
+                identifier,
+                db=kwargs["db"],
+                nats=None if no_inputs else once(common.nats, connect_timeout),
+                prefix=common.prefix,
+                as_json=as_json,
+            )
+        )
+    except LookupError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for line in lines:
+        click.echo(line)

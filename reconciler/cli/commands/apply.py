@@ -22,14 +22,13 @@ import anyio
 import click
 import yaml
 
-from reconciler.cli.oneshot import (
-    connect_once,
+from reconciler.cli.oneshot import connect_once, input_problems, missing_stream
+from reconciler.cli.options import (
+    bus_options,
+    common_from,
     connect_timeout_option,
-    input_problems,
-    missing_stream,
     oneshot_log_options,
 )
-from reconciler.cli.options import bus_options, common_from
 from reconciler.client import NoStream, ReconcilerClient
 from reconciler.core.messages import CONFIG_KINDS, Origin, Subjects
 

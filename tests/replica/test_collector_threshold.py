@@ -1,4 +1,4 @@
-"""The garbage collector's policy (reconciler.cli.gc_policy): ``--gc-threshold``."""
+"""The garbage collector's threshold (reconciler.replica.collector): ``--gc-threshold``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from reconciler.cli.gc_policy import apply_gc_threshold
+from reconciler.replica.collector import apply_gc_threshold
 
 pytestmark = pytest.mark.timeout(90)
 

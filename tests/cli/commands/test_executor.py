@@ -1,4 +1,4 @@
-"""``reconciler executor`` (reconciler.cli.executor_cmd): its endpoints from a fleet file
+"""``reconciler executor`` (reconciler.cli.commands.executor): its endpoints from a fleet file
 and flags, and the command as a process finishing its command on SIGTERM."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 from nats.aio.client import Client
 
 from reconciler.bus.streams import ensure_streams
-from reconciler.cli.executor_cmd import load_endpoints, parse_verify
+from reconciler.cli.commands.executor import load_endpoints, parse_verify
 from reconciler.core.model import TAG_LEASE_ID
 from reconciler.incus.simulator import SimulatorThread
 from tests.incus.conftest import FAST, make_fleet
@@ -89,7 +89,7 @@ def test_sigterm_lets_the_command_process_finish_its_command(tmp_path: Path, nat
             anyio.run(_ensure_streams, nats_url)
             with log_file.open("ab") as out:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "reconciler.cli.executor_cmd",
+                    [sys.executable, "-m", "reconciler.cli.commands.executor",
                      "--incus-fleet", str(fleet_file), "--nats-url", nats_url,
                      "--db", str(db), "--log-format", "json", "--retry-base", "0.1"],
                     stdout=out,

@@ -14,7 +14,7 @@ Rules:
   others back to JetStream, exit 0. A second signal stops at once (what was not acked
   is redelivered to the next executor, and its database answers what was finished).
 - Runs as ``reconciler executor`` once registered, or ``python -m
-  reconciler.cli.executor_cmd``.
+  reconciler.cli.commands.executor``.
 """
 
 from __future__ import annotations
