@@ -7,8 +7,8 @@ them against the contract, and publishing outputs exactly once.
 - :mod:`.streams`: the IN and OUT streams and the leader bucket, created or reconciled.
 - :mod:`.reader`: the one pull reader every stream reader of the project is built on;
   :mod:`.consumers`: every consumer it reads, configured in one place;
-  :mod:`.consumer`: the replica's input consumer (in stream order, gap-free).
-- :mod:`.schemas`: the contract's JSON Schemas, compiled; :mod:`.codec`: subject and
+  :mod:`.input_consumer`: the replica's input consumer (in stream order, gap-free).
+- :mod:`.schemas`: the contract's JSON Schemas, compiled; :mod:`.decoder`: subject and
   bytes to a typed input, or a dead letter with its reason.
 - :mod:`.publisher`: outputs to the OUT stream, pipelined and confirmed;
   :mod:`.sending`: one input to the IN stream, sized and retried; :mod:`.wire`: many
