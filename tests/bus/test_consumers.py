@@ -19,23 +19,15 @@ from reconciler.bus.consumers import (
     input_consumer,
 )
 from reconciler.bus.streams import StreamNames
-from tests.support.bus import BusClient
+from tests.support.bus import BusClient, stream_with_inputs
 
 pytestmark = pytest.mark.timeout(30)
 
 NAMES = StreamNames.for_prefix("rc")
 
 
-async def _stream_of(nc: Client, n: int) -> BusClient:
-    bus = BusClient(nc)
-    await bus.ensure_streams()
-    for i in range(n):
-        await bus.send_raw(f"rc.in.cmd.x{i}", b"{}")
-    return bus
-
-
 async def test_the_input_consumer_is_configured_as_documented(nc: Client) -> None:
-    bus = await _stream_of(nc, 5)
+    bus = await stream_with_inputs(nc, 5)
     info = await bus.js.add_consumer(
         "RC_IN", config=input_consumer("RC_IN-a", from_seq=3, batch=500, ack_wait_s=60)
     )

@@ -19,20 +19,12 @@ from reconciler.bus.reader import (
     rfc3339_nanos,
 )
 from reconciler.bus.streams import StreamNames
-from tests.support.bus import BusClient
+from tests.support.bus import stream_with_inputs
 from tests.support.natsserver import NatsServer, expect_reconnect
 
 pytestmark = pytest.mark.timeout(30)
 
 NAMES = StreamNames.for_prefix("rc")
-
-
-async def _stream_of(nc: Client, n: int) -> BusClient:
-    bus = BusClient(nc)
-    await bus.ensure_streams()
-    for i in range(n):
-        await bus.send_raw(f"rc.in.cmd.x{i}", b"{}")
-    return bus
 
 
 async def _read(reader: PullReader, n: int, *, within_s: float = 5.0) -> list[int]:
@@ -75,7 +67,7 @@ def test_the_pending_count_comes_from_the_ack_subject() -> None:
 
 
 async def test_requests_are_made_ahead_and_no_further(nc: Client) -> None:
-    bus = await _stream_of(nc, 30)
+    bus = await stream_with_inputs(nc, 30)
     await bus.js.add_consumer("RC_IN", config=replay_reader("r", start_seq=1))
     reader = PullReader(nc, stream="RC_IN", batch=4, ahead=3)
     await reader.bind("r")
@@ -90,7 +82,7 @@ async def test_requests_are_made_ahead_and_no_further(nc: Client) -> None:
 
 
 async def test_an_expired_request_ends_the_wait_without_breaking_the_reader(nc: Client) -> None:
-    bus = await _stream_of(nc, 0)
+    bus = await stream_with_inputs(nc, 0)
     await bus.js.add_consumer("RC_IN", config=replay_reader("r"))
     reader = PullReader(nc, stream="RC_IN", batch=10, ahead=1, expires_s=0.2)
     await reader.bind("r")
@@ -107,7 +99,7 @@ async def test_an_expired_request_ends_the_wait_without_breaking_the_reader(nc: 
 async def test_a_deleted_consumer_breaks_the_reader_and_binding_again_mends_it(
     nc: Client,
 ) -> None:
-    bus = await _stream_of(nc, 2)
+    bus = await stream_with_inputs(nc, 2)
     await bus.js.add_consumer("RC_IN", config=replay_reader("r", start_seq=1))
     reader = PullReader(nc, stream="RC_IN", batch=5, ahead=1, expires_s=5)
     await reader.bind("r")
@@ -130,7 +122,7 @@ async def test_a_reconnect_breaks_the_reader_and_an_old_inbox_is_not_read(
 ) -> None:
     if not nats_server.supports_faults:
         pytest.skip("the NATS server cannot be restarted here")
-    bus = await _stream_of(nc, 3)
+    bus = await stream_with_inputs(nc, 3)
     await bus.js.add_consumer("RC_IN", config=replay_reader("r", start_seq=1))
     reader = PullReader(nc, stream="RC_IN", batch=1, ahead=1, expires_s=0.3)
     await reader.bind("r")
@@ -149,7 +141,7 @@ async def test_a_reconnect_breaks_the_reader_and_an_old_inbox_is_not_read(
 
 
 async def test_verdicts_are_plain_publishes_to_the_ack_subject(nc: Client) -> None:
-    bus = await _stream_of(nc, 3)
+    bus = await stream_with_inputs(nc, 3)
     config = input_consumer("c", from_seq=1, batch=10, ack_wait_s=60)
     await bus.js.add_consumer("RC_IN", config=config)
     reader = PullReader(nc, stream="RC_IN", batch=10, ahead=1)

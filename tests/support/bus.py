@@ -306,3 +306,13 @@ async def leader_holder(js: Any, *, bucket: str = "rc_leader", within_s: float =
             except KeyNotFoundError:
                 pass
             await anyio.sleep(0.2)
+
+
+async def stream_with_inputs(nc: Client, count: int, *, prefix: str = "rc") -> BusClient:
+    """The streams of ``prefix``, and ``count`` inputs on the IN stream that only take
+    stream sequences (``<prefix>.in.cmd.x<i>``, ``{}``: dead letters if folded)."""
+    bus = BusClient(nc, prefix=prefix)
+    await bus.ensure_streams()
+    for i in range(count):
+        await bus.send_raw(f"{prefix}.in.cmd.x{i}", b"{}")
+    return bus
