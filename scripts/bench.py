@@ -121,7 +121,7 @@ from nats.js.errors import FetchTimeoutError
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reconciler.bus.codec import BadInput, Decoder  # noqa: E402
+from reconciler.bus.decoder import BadInput, Decoder  # noqa: E402
 from reconciler.bus.streams import StreamNames, ensure_streams  # noqa: E402
 from reconciler.cli.logs import configure_logging  # noqa: E402
 from reconciler.client import ReconcilerClient  # noqa: E402
@@ -863,8 +863,9 @@ class Baseline:
 
 
 async def _pull_from_start(ctx: Context, names: StreamNames, durable: str) -> Any:
-    """A pull subscription on a new durable over the whole IN stream, with the reconciler's
-    consumer settings (``InputConsumer.start``): what the baselines measure against."""
+    """A pull subscription on a new durable over the whole IN stream, as a plain nats-py
+    client makes one (explicit acks, one per message, where the reconciler's own consumer
+    acks cumulatively: ``reconciler.bus.consumers``): what the baselines measure against."""
     batch = ctx.opts.batch
     await ctx.js.add_consumer(
         names.in_stream,
@@ -887,8 +888,8 @@ async def _pull_from_start(ctx: Context, names: StreamNames, durable: str) -> An
 async def baseline_fetch_ack(
     ctx: Context, names: StreamNames, *, total: int, durable: str
 ) -> Baseline:
-    """A bare nats-py ``fetch(batch)`` + ``msg.ack()`` loop over the whole IN stream, with
-    the reconciler's consumer settings (``InputConsumer.start``)."""
+    """A bare nats-py ``fetch(batch)`` + ``msg.ack()`` loop over the whole IN stream
+    (:func:`_pull_from_start`)."""
     js, batch = ctx.js, ctx.opts.batch
     sub = await _pull_from_start(ctx, names, durable)
     try:
@@ -1419,7 +1420,7 @@ async def snapshot_phase(ctx: Context) -> dict[str, Any]:
     mean; the figures are those of the round with the median ratio, and
     ``snapshot.rounds`` lists every round's.
     """
-    from reconciler.replica.snapshots import SnapshotBucket
+    from reconciler.replica.snapshot_bucket import SnapshotBucket
 
     opts, js = ctx.opts, ctx.js
     names = StreamNames.for_prefix("bs")
@@ -1506,7 +1507,7 @@ async def _replay_from_snapshot(
     """One replay of the tail, connected as ``reconciler replay`` is (both streams read by
     its child process): its time, parts and CPU (its own and its child's)."""
     from reconciler.bus.connection import ConnectOptions
-    from reconciler.replica.replay import replay_into
+    from reconciler.replay.replay import replay_into
 
     started = time.perf_counter()
     cpu = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)

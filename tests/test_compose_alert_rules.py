@@ -35,7 +35,7 @@ from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.streams import StreamNames, ensure_streams
 from reconciler.executor.executor import Executor, ExecutorConfig
 from reconciler.incus.client import IncusHost
-from reconciler.replica.runtime import Replica, RunConfig
+from reconciler.replica.replica import Replica, RunConfig
 from tests.support.repo import ROOT
 from tests.support.simfleet import endpoints as fleet_endpoints
 from tests.support.simfleet import sim_fleet

@@ -12,7 +12,7 @@ Rules:
   (credentials may be rotated meanwhile). A one-shot connection (with
   ``initial_timeout_s``) logs its connect and close at debug only.
 - Disconnects, reconnects, errors and the final close are logged through structlog; the
-  client never prints. A failed attempt's socket is closed before the next attempt.
+  client never prints.
 - ``tls_ca_file`` makes a TLS context that verifies the server against that CA; without
   it, a ``tls://`` URL uses the system's trust store. ``tls_cert_file`` and
   ``tls_key_file`` add a client certificate (a server with ``verify: true`` asks for one).
@@ -23,6 +23,11 @@ Rules:
   TLS without requiring it (``allow_non_tls``) is spoken to in TLS; one that does not
   offer it is refused (:class:`TlsNotOffered`), and the first connection fails at once
   with :class:`ConnectRefused`: no ``CONNECT``, hence no credential, ever reaches it.
+  The check goes through a nats-py internal
+  (:class:`~reconciler.bus.nats_internals.TlsOnlyClient`); on a nats-py without it, a
+  connection that asks for TLS is refused
+  (:class:`~reconciler.bus.nats_internals.UnsupportedNatsPy`) rather than risked in
+  plaintext.
 - ``nkey_seed_file`` authenticates with an NKey seed file (the seed is read by nats-py,
   never held by us); ``inbox_prefix`` scopes every reply subject (requests, publish acks,
   pull deliveries) so that a least-privilege user subscribes to ``<prefix>.>`` only.
@@ -39,13 +44,19 @@ import math
 import re
 import ssl
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 import anyio
 import structlog
-from nats import errors as nats_errors
 from nats.aio.client import Client
 
+from reconciler.bus import nats_internals
+from reconciler.bus.nats_internals import (
+    TidyClient,
+    TlsNotOffered,
+    TlsOnlyClient,
+    UnsupportedNatsPy,
+)
 from reconciler.bus.violations import watch_of
 
 __all__ = [
@@ -148,10 +159,11 @@ def tls_context(
 
 async def connect(opts: ConnectOptions) -> Client:
     """Connect to NATS with ``opts``; the returned client reconnects forever."""
-    if opts.requires_tls and not supports_tls_guard():
-        raise RuntimeError(
-            "this nats-py version cannot be checked to never fall back from TLS to "
-            "plaintext; install a nats-py the project supports (pip install -e .)"
+    if opts.requires_tls and not nats_internals.guards_tls():
+        # no way to look at a server's INFO before CONNECT: TLS could fall back unseen
+        raise UnsupportedNatsPy(
+            "Client._process_info(info, initial_connection), which keeps TLS from ever "
+            "falling back to plaintext"
         )
     needs_nkeys = opts.creds_file is not None or opts.nkey_seed_file is not None
     if needs_nkeys and importlib.util.find_spec("nkeys") is None:
@@ -159,7 +171,7 @@ async def connect(opts: ConnectOptions) -> Client:
             "--nats-creds and --nats-nkey need the nkeys package (pip install 'nats-py[nkeys]')"
         )
     log = logger.bind(connection=opts.name)
-    nc = _TlsOnlyClient() if opts.requires_tls else _Client()
+    nc = TlsOnlyClient() if opts.requires_tls else TidyClient()
     watch = watch_of(nc)
     #: why the first connection can never succeed (TLS or credentials refused)
     refusals: list[str] = []
@@ -260,73 +272,6 @@ class ConnectRefused(ConnectionError):
     """The first connection was refused for a reason that retrying cannot cure: the
     server's certificate, our client certificate, our credentials, or a server that
     does not offer the TLS we asked for."""
-
-
-class TlsNotOffered(nats_errors.Error):
-    """A server we must speak TLS to does not offer it (its ``INFO`` has neither
-    ``tls_required`` nor ``tls_available``). Raised before ``CONNECT`` is written."""
-
-    def __str__(self) -> str:
-        return (
-            "the server does not offer TLS, but TLS was asked for (a tls:// URL or "
-            "--tls-ca/--tls-cert/--tls-key): nothing was sent to it; configure TLS on the "
-            "server, or use a nats:// URL without TLS options"
-        )
-
-
-class _Client(Client):
-    """A nats-py client that closes a failed attempt's socket before it opens the next.
-
-    nats-py keeps one transport per client and opens each new connection in it. When an
-    attempt failed after its TCP connect (a server that hung up before its ``INFO``: a
-    node going down behind a proxy or a port forward; a refused ``CONNECT``), the
-    reconnection loop goes on to the next server without closing that socket: the
-    transport drops it, and only the garbage collector closes it, with a
-    ``ResourceWarning``. The transport is closed here before every new connection (a
-    no-op when nats-py closed it already)."""
-
-    async def _connect_to_server(self, s: Any) -> None:
-        transport = getattr(self, "_transport", None)
-        if transport is not None:
-            transport.close()
-        await super()._connect_to_server(s)
-
-
-class _TlsOnlyClient(_Client):
-    """A nats-py client that never speaks plaintext to a server.
-
-    nats-py reads a server's ``INFO`` and hands it to ``_process_info`` (with
-    ``initial_connection=True``) before it decides whether to start TLS and before it
-    writes ``CONNECT`` with the credentials. This is the one place where nats-py lets us
-    look at a new connection's ``INFO`` first: a server that allows TLS without requiring
-    it is marked as requiring it (nats-py then upgrades), and one without TLS is refused.
-    ``supports_tls_guard`` checks that the method is still there; ``connect`` refuses to
-    run a TLS connection on a nats-py without it rather than risk a plaintext one.
-    """
-
-    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
-        scheme = getattr(getattr(self._current_server, "uri", None), "scheme", "")
-        if initial_connection and scheme not in ("ws", "wss") and not info.get("tls_required"):
-            if not info.get("tls_available"):
-                # hang up now: whatever nats-py does next (a cancelled connect, a retry)
-                # must not find this socket open, let alone write to it
-                transport = getattr(self, "_transport", None)
-                if transport is not None:
-                    transport.close()
-                raise TlsNotOffered()
-            info["tls_required"] = True  # nats-py upgrades the socket on this flag alone
-        await super()._process_info(info, initial_connection=initial_connection)
-
-
-def supports_tls_guard() -> bool:
-    """Whether this nats-py still reads a new connection's ``INFO`` through the method
-    :class:`_TlsOnlyClient` overrides (present in every nats-py 2.x)."""
-    import inspect
-
-    method = getattr(Client, "_process_info", None)
-    if method is None or not inspect.iscoroutinefunction(method):
-        return False
-    return "initial_connection" in inspect.signature(method).parameters
 
 
 def _refusal(exc: BaseException) -> str | None:

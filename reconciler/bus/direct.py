@@ -13,11 +13,12 @@ Rules:
 - The subscription itself is nats-py's (``Client.subscribe``): the ``SUB`` line, the
   ``sid``, re-subscribing after a reconnect and ``UNSUB`` stay its own. Only the
   hand-over differs.
-- It uses internals of nats-py's ``Client``: ``_process_msg``, which the protocol parser
-  awaits for every message (one routing wrapper is put in its place per client, and
-  hands every other subscription's messages on unchanged), and the ``stats`` counters it
-  keeps. :func:`supported` says whether the client at hand has them; without them the
-  handler is called from an ordinary callback, with the header block rebuilt.
+- The hand-over goes through nats-py internals, fenced in
+  :mod:`reconciler.bus.nats_internals` (:func:`~reconciler.bus.nats_internals.message_router`:
+  one routing wrapper per client, in place of the method the protocol parser awaits for
+  every message, handing every other subscription's messages on unchanged).
+  :func:`supported` says whether the client at hand has them; without them the handler
+  is called from an ordinary callback, with the header block rebuilt.
 - A handler runs on the connection's reader: it must be quick, must not block, and may
   not raise (what it raises is logged and the message dropped). Nothing is queued for
   it, so nothing is dropped as a slow consumer either: callers bound what can arrive by
@@ -29,14 +30,15 @@ Rules:
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
 
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+
+from reconciler.bus import nats_internals
+from reconciler.bus.nats_internals import MessageRouter
 
 __all__ = [
     "DirectHandler",
@@ -56,36 +58,27 @@ DirectHandler = Callable[[str, str, bytes, bytes | None], None]
 
 _HEADER_LINE = b"NATS/1.0"
 _CRLF = b"\r\n"
-#: where a client's routes are kept (an attribute of the client, set once)
-_ROUTES = "_reconciler_direct_routes"
-_PROCESS_PARAMETERS = ["sid", "subject", "reply", "data", "headers"]
 
 
 def supported(nc: Client) -> bool:
     """Whether ``nc`` has the internals a direct hand-over needs (see the rules)."""
-    process = getattr(nc, "_process_msg", None)
-    if not callable(process) or not isinstance(getattr(nc, "stats", None), dict):
-        return False
-    try:
-        parameters = list(inspect.signature(process).parameters)
-    except (TypeError, ValueError):
-        return False
-    return parameters == _PROCESS_PARAMETERS and inspect.iscoroutinefunction(process)
+    return nats_internals.routes_messages(nc)
 
 
 class DirectSubscription:
     """A subscription whose messages go to a plain function; see :func:`subscribe_direct`."""
 
-    def __init__(self, sub: Subscription, routes: dict[int, DirectHandler] | None) -> None:
+    def __init__(self, sub: Subscription, routes: MessageRouter | None, sid: int | None) -> None:
         self._sub = sub
         self._routes = routes
+        self._sid = sid
         #: whether messages are handed over directly (else through a nats-py callback)
         self.direct = routes is not None
 
     async def unsubscribe(self) -> None:
         """Stop the hand-over, then unsubscribe (nats-py's own ``UNSUB``)."""
-        if self._routes is not None:
-            self._routes.pop(self._sub._id, None)
+        if self._routes is not None and self._sid is not None:
+            self._routes.pop(self._sid, None)
         await self._sub.unsubscribe()
 
 
@@ -95,44 +88,20 @@ async def subscribe_direct(
     """Subscribe to ``subject``, handing each message to ``handler`` (see the rules).
     ``direct=False`` takes nats-py's ordinary callback path even where the direct one
     is supported (what happens without the internals; tests use it)."""
-    routes = _routes(nc) if direct is not False and supported(nc) else None
+    routes = (
+        nats_internals.message_router(nc, _call) if direct is not False and supported(nc) else None
+    )
 
     async def through_nats_py(msg: Msg) -> None:
         _call(handler, msg.subject, msg.reply or "", msg.data, _header_block(msg.headers))
 
     sub = await nc.subscribe(subject, cb=through_nats_py)
-    sid = getattr(sub, "_id", None)
-    if routes is not None and isinstance(sid, int):
+    sid = nats_internals.subscription_id(sub)
+    if routes is not None and sid is not None:
         routes[sid] = handler
     else:
         routes = None
-    return DirectSubscription(sub, routes)
-
-
-def _routes(nc: Client) -> dict[int, DirectHandler]:
-    """The client's table of direct subscriptions by ``sid``; the first call puts the
-    routing wrapper in place of the client's ``_process_msg``."""
-    routes: dict[int, DirectHandler] | None = nc.__dict__.get(_ROUTES)
-    if routes is not None:
-        return routes
-    table: dict[int, DirectHandler] = {}
-    original: Callable[[int, bytes, bytes, bytes, bytes], Awaitable[None]] = nc._process_msg
-    stats: dict[str, Any] = nc.stats
-
-    async def process_msg(
-        sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes
-    ) -> None:
-        handler = table.get(sid)
-        if handler is None:
-            await original(sid, subject, reply, data, headers)
-            return
-        stats["in_msgs"] += 1
-        stats["in_bytes"] += len(data)
-        _call(handler, subject.decode(), reply.decode(), data, headers or None)
-
-    setattr(nc, "_process_msg", process_msg)  # noqa: B010 - an instance attribute
-    setattr(nc, _ROUTES, table)
-    return table
+    return DirectSubscription(sub, routes, sid)
 
 
 def _call(

@@ -29,6 +29,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext, api
 from nats.js.errors import NoStreamResponseError
 
+from reconciler.bus.nats_internals import client_of
 from reconciler.bus.violations import guarded
 from reconciler.core.messages import MSG_ID
 
@@ -79,7 +80,7 @@ async def publish(
 
     ``timeout_s`` bounds each attempt (``None``: the JetStream context's own timeout);
     ``retry_for_s=0`` makes one attempt, for a caller that retries in a loop of its own."""
-    nc: Client = js._nc  # nats-py keeps the context's client there
+    nc = client_of(js)
     sent = dict(headers or {})
     if msg_id is not None:
         sent[MSG_ID] = msg_id

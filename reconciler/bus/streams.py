@@ -35,6 +35,7 @@ import structlog
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 
+from reconciler.bus.nats_internals import client_of
 from reconciler.bus.violations import PermissionViolation, guarded
 from reconciler.core.messages import DEFAULT_PREFIX, Subjects
 
@@ -71,8 +72,7 @@ async def _api(js: JetStreamContext, call: Any, *, what: str, subject: str) -> A
     """A JetStream API call (on the API ``subject``) whose permission violation becomes a
     :class:`StreamSetupError`."""
     try:
-        # nats-py keeps the context's client in _nc
-        return await guarded(js._nc, call, match=_is_api, subjects=(subject,))
+        return await guarded(client_of(js), call, match=_is_api, subjects=(subject,))
     except PermissionViolation as exc:
         raise StreamSetupError(
             f"{what}: the NATS server refused this user {exc.operation} permission on "

@@ -8,22 +8,23 @@ is between batches). :class:`Wire` builds the ``HPUB`` lines of a whole batch it
 byte for byte what ``Client.publish`` would send, and gives nats-py the lot as one
 pending command and one flush request.
 
-It uses internals of nats-py's ``Client`` (``_send_command``, ``_flush_pending`` and the
-flusher's queue, unchanged since 2.2); :func:`supported` says whether the client at
-hand has them, and callers fall back on ``Client.publish`` when it has not. Everything
-else (buffering while reconnecting, the flusher's socket writes) stays nats-py's.
+The hand-over uses internals of nats-py's ``Client``, fenced in
+:mod:`reconciler.bus.nats_internals` (:func:`~reconciler.bus.nats_internals.send_batch`,
+:func:`~reconciler.bus.nats_internals.flush_soon`); :func:`supported` says whether the
+client at hand has them, and callers fall back on ``Client.publish`` when it has not.
+Everything else (buffering while reconnecting, the flusher's socket writes) stays
+nats-py's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
-from typing import Any
 
 from nats import errors
 from nats.aio.client import Client
 
+from reconciler.bus import nats_internals
 from reconciler.core.messages import MSG_ID
 
 __all__ = ["LazyFlush", "Wire", "supported"]
@@ -34,13 +35,8 @@ _MSG_ID = f"{MSG_ID}: ".encode()
 
 
 def supported(nc: Client) -> bool:
-    """Whether ``nc`` has the internals :class:`Wire` hands its commands to."""
-    return (
-        callable(getattr(nc, "_send_command", None))
-        and callable(getattr(nc, "_flush_pending", None))
-        and hasattr(nc, "_flush_queue")
-        and hasattr(nc, "_pending_data_size")
-    )
+    """Whether ``nc`` has the internals :class:`Wire` and :class:`LazyFlush` need."""
+    return nats_internals.writes_batches(nc)
 
 
 class Wire:
@@ -84,23 +80,11 @@ class Wire:
         connection refuses."""
         if not self.count:
             return
-        if nc.is_closed:
-            raise errors.ConnectionClosedError
-        if nc.is_draining_pubs:
-            raise errors.ConnectionDrainingError
         data = b"".join(self._parts)
-        client: Any = nc  # the two internals (see the module's doc)
-        if not nc.is_connected:
-            limit = client._max_pending_size
-            if limit <= 0 or len(data) + client._pending_data_size > limit:
-                raise errors.OutboundBufferLimitError
+        await nats_internals.send_batch(
+            nc, data, count=self.count, payload_bytes=self._payload_bytes, flush=flush
+        )
         self._parts = []
-        nc.stats["out_msgs"] += self.count
-        nc.stats["out_bytes"] += self._payload_bytes
-        await client._send_command(data)
-        queue = client._flush_queue
-        if flush and queue is not None and queue.empty():
-            await client._flush_pending()
 
 
 class LazyFlush:
@@ -128,10 +112,4 @@ class LazyFlush:
 
     def _flush(self) -> None:
         self._handle = None
-        client: Any = self.nc
-        queue = client._flush_queue
-        idle = queue is not None and queue.empty()
-        if idle and client.is_connected and client._pending_data_size:
-            # what Client._flush_pending does, without a coroutine to await
-            with contextlib.suppress(asyncio.QueueFull):
-                queue.put_nowait(asyncio.get_running_loop().create_future())
+        nats_internals.flush_soon(self.nc)

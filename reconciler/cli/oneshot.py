@@ -23,60 +23,13 @@ from typing import Any, TypeVar
 import click
 from nats.aio.client import Client
 
-from reconciler.bus.codec import Decoder
 from reconciler.bus.connection import ConnectOptions, ConnectRefused, connect
+from reconciler.bus.decoder import Decoder
 from reconciler.bus.schemas import SchemaLoadError
-from reconciler.cli.logs import LOG_FORMATS, LOG_LEVELS
 
-__all__ = [
-    "DEFAULT_CONNECT_TIMEOUT_S",
-    "connect_once",
-    "connect_timeout_option",
-    "input_problems",
-    "missing_stream",
-    "once",
-    "oneshot_log_options",
-]
+__all__ = ["connect_once", "input_problems", "missing_stream", "once"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-DEFAULT_CONNECT_TIMEOUT_S = 10.0
-
-
-def oneshot_log_options(f: F) -> F:
-    """``--log-format`` and ``--log-level`` for a command that runs once: it logs warnings
-    and errors unless asked for more (its result is what it prints, not its logs)."""
-    f = click.option(
-        "--log-level",
-        envvar="RC_LOG_LEVEL",
-        show_envvar=True,
-        type=click.Choice(LOG_LEVELS, case_sensitive=False),
-        default="warning",
-        show_default=True,
-        help="Least severe level logged.",
-    )(f)
-    return click.option(
-        "--log-format",
-        envvar="RC_LOG_FORMAT",
-        show_envvar=True,
-        type=click.Choice(LOG_FORMATS),
-        default="text",
-        show_default=True,
-        help="Log lines as JSON objects or as readable text.",
-    )(f)
-
-
-def connect_timeout_option(f: F) -> F:
-    """``--connect-timeout``: seconds to reach a NATS server before giving up."""
-    return click.option(
-        "--connect-timeout",
-        envvar="RC_CONNECT_TIMEOUT",
-        show_envvar=True,
-        type=click.FloatRange(min=0, min_open=True),
-        default=DEFAULT_CONNECT_TIMEOUT_S,
-        show_default=True,
-        help="Seconds to reach a NATS server before giving up with an error.",
-    )(f)
 
 
 def once(nats: ConnectOptions, timeout_s: float) -> ConnectOptions:
@@ -115,7 +68,7 @@ def _decoder() -> Decoder:
 def input_problems(kind: str, payload: Any, *, subject_token: str | None = None) -> list[str]:
     """Why ``payload`` is not a valid input of ``kind`` (empty when it is): its schema
     first, then the checks the fold makes after the schema, as the reconciler's decoder
-    checks them (:meth:`reconciler.bus.codec.Decoder.problems`)."""
+    checks them (:meth:`reconciler.bus.decoder.Decoder.problems`)."""
     try:
         decoder = _decoder()
     except SchemaLoadError as exc:

@@ -1,4 +1,7 @@
-"""The common command-line options of docs/cli.md, shared by every command.
+"""The command-line options of docs/cli.md that more than one command takes, in one
+place: the bus and logging options, the store, the replica's tuning and retention, the
+Incus hosts, and the one-shot commands' connect timeout (an option of one command only
+is declared with its command).
 
 Each option is also an environment variable ``RC_<NAME>`` (``--nats-url`` is
 ``RC_NATS_URL``); a flag given on the command line wins. Commands take the options they
@@ -22,27 +25,38 @@ import orjson
 
 from reconciler.bus.connection import DEFAULT_NATS_URL, ConnectOptions, parse_urls
 from reconciler.bus.streams import DEFAULT_LEADER_TTL_S
-from reconciler.cli.gc_policy import DEFAULT_GC_THRESHOLD
 from reconciler.cli.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from reconciler.core.messages import DEFAULT_PREFIX
+from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
 from reconciler.incus.client import DEFAULT_OPERATION_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S
 from reconciler.incus.endpoints import IncusEndpoint, endpoints_from_fleet_file
-from reconciler.replica.runtime import RunConfig
+from reconciler.replica.collector import DEFAULT_GC_THRESHOLD
+from reconciler.replica.replica import RunConfig
+from reconciler.replica.reservation_reaper import (
+    DEFAULT_JOURNAL_RETENTION_S,
+    DEFAULT_RESERVATION_TIMEOUT_S,
+)
 
 __all__ = [
+    "DEFAULT_CONNECT_TIMEOUT_S",
     "Common",
     "IncusOptions",
     "bus_options",
     "common_from",
     "config_default",
+    "connect_timeout_option",
     "db_option",
+    "decision_retention_option",
     "incus_from",
     "incus_options",
     "load_endpoints",
     "log_options",
+    "oneshot_log_options",
     "parse_verify",
     "read_secret",
+    "retention_options",
     "run_options",
+    "stream_replicas_option",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -471,3 +485,87 @@ def incus_from(kwargs: dict[str, Any], *, only: Iterable[str] = ()) -> IncusOpti
         request_timeout_s=kwargs.pop("incus_timeout"),
         operation_timeout_s=kwargs.pop("incus_operation_timeout"),
     )
+
+
+# ------------------------------------------------------------------ one-shot commands
+
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+
+
+def oneshot_log_options(f: F) -> F:
+    """``--log-format`` and ``--log-level`` for a command that runs once: it logs warnings
+    and errors unless asked for more (its result is what it prints, not its logs)."""
+    f = click.option(
+        "--log-level",
+        envvar="RC_LOG_LEVEL",
+        show_envvar=True,
+        type=click.Choice(LOG_LEVELS, case_sensitive=False),
+        default="warning",
+        show_default=True,
+        help="Least severe level logged.",
+    )(f)
+    return click.option(
+        "--log-format",
+        envvar="RC_LOG_FORMAT",
+        show_envvar=True,
+        type=click.Choice(LOG_FORMATS),
+        default="text",
+        show_default=True,
+        help="Log lines as JSON objects or as readable text.",
+    )(f)
+
+
+def connect_timeout_option(f: F) -> F:
+    """``--connect-timeout``: seconds to reach a NATS server before giving up."""
+    return click.option(
+        "--connect-timeout",
+        envvar="RC_CONNECT_TIMEOUT",
+        show_envvar=True,
+        type=click.FloatRange(min=0, min_open=True),
+        default=DEFAULT_CONNECT_TIMEOUT_S,
+        show_default=True,
+        help="Seconds to reach a NATS server before giving up with an error.",
+    )(f)
+
+
+# ------------------------------------------------------------------ retention
+
+
+def decision_retention_option(f: F) -> F:
+    """``--decision-retention`` (``RC_DECISION_RETENTION``), in seconds of stream time."""
+    return click.option(
+        "--decision-retention",
+        envvar="RC_DECISION_RETENTION",
+        show_envvar=True,
+        type=click.IntRange(min=1),
+        default=DEFAULT_DECISION_RETENTION_S,
+        show_default=True,
+        help="Seconds of stream time a decided request id is remembered (its decision "
+        "re-sent unchanged) after its final decision, and a released lease kept after its "
+        "release. Evicted inside the fold: replicas and replays must use the same value.",
+    )(f)
+
+
+def retention_options(f: F) -> F:
+    """``--decision-retention``, ``--journal-retention`` and ``--reservation-timeout``."""
+    f = click.option(
+        "--reservation-timeout",
+        envvar="RC_RESERVATION_TIMEOUT",
+        show_envvar=True,
+        type=click.FloatRange(min=0, min_open=True),
+        default=DEFAULT_RESERVATION_TIMEOUT_S,
+        show_default=True,
+        help="Seconds a cold lease may stay reserved after its admission (its creator "
+        "never created the VM) before the leader releases it.",
+    )(f)
+    f = click.option(
+        "--journal-retention",
+        envvar="RC_JOURNAL_RETENTION",
+        show_envvar=True,
+        type=click.IntRange(min=1),
+        default=DEFAULT_JOURNAL_RETENTION_S,
+        show_default=True,
+        help="Seconds of stream time the store keeps lease history (the journal that "
+        "`reconciler audit` shows); older rows are pruned as batches are written.",
+    )(f)
+    return decision_retention_option(f)

@@ -1,7 +1,7 @@
 """Typed input messages, as the fold consumes them.
 
 A payload reaches this module only after it passed its JSON Schema (see ``reconciler/schemas/``
-and ``reconciler.bus.codec``); ``from_payload`` turns the validated dict into one of
+and ``reconciler.bus.decoder``); ``from_payload`` turns the validated dict into one of
 the dataclasses below. Anything the schema cannot express (a subject token that
 disagrees with the payload, say) raises :class:`DomainError`, which the caller
 dead-letters as ``domain``.

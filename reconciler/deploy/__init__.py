@@ -1,7 +1,7 @@
 """What a secured deployment is made of, generated: its credentials, the NATS accounts
 that give each component exactly the permissions it uses, and the Incus fleet file.
 
-``reconciler credentials`` (:mod:`reconciler.cli.credentials_cmd`) drives it. Rules:
+``reconciler credentials`` (:mod:`reconciler.cli.commands.credentials`) drives it. Rules:
 
 - **Named fleet.** A deployment is a prefix, NATS nodes, replicas and Incus hosts, each
   by name (:class:`~reconciler.deploy.fleet.Fleet`), recorded in the output directory
@@ -17,4 +17,8 @@ that give each component exactly the permissions it uses, and the Incus fleet fi
 - **Private by default.** The directory is ``0700``; private keys and seeds are written
   ``0600`` from the start (never widened, then narrowed); nothing secret is ever printed.
 - Offline: ``cryptography`` for the certificates, ``nkeys`` for the seeds.
+
+Modules: :mod:`.fleet` (the deployment's named parts), :mod:`.pki` (its certificate
+authority and certificates), :mod:`.accounts` (the NATS accounts file) and
+:mod:`.credentials` (the directory made or completed in place).
 """

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from reconciler.core.messages import Subjects
 from reconciler.deploy.fleet import Fleet
 from reconciler.executor.executor import consumer_name as executor_consumer
-from reconciler.replica.snapshots import bucket_name as snapshot_bucket
+from reconciler.replica.snapshot_bucket import bucket_name as snapshot_bucket
 
 __all__ = ["Permissions", "permissions", "render_accounts"]
 

@@ -2,7 +2,7 @@
 
 - :mod:`.executor`: consume ``rc.out.exec.<host>.*`` per host and act through pylxd.
 - :mod:`.commands`: decode and validate a command; classify Incus's failures.
-- :mod:`.store`: the executor's own SQLite record of finished commands.
+- :mod:`.records`: the executor's own SQLite record of finished commands.
 - :mod:`.metrics`: what it did, per host and verb, for Prometheus, and its probes.
 
 Layer rules: imports :mod:`reconciler.work`, :mod:`reconciler.observe`, the adapters

@@ -4,11 +4,13 @@ Rules (docs/interface.md, "Executor commands"):
 
 - **One durable pull consumer per managed host** on the OUT stream, named
   ``executor-<host>`` and filtered to ``<prefix>.out.exec.<host>.>`` (nats-server 2.9: one
-  filter subject per consumer), explicit acks. A consumer created for the first time
-  delivers the commands of the last ``catch_up_s`` seconds (0: only new ones), so an
-  executor started after the reconciler still gets the creates it is waiting for, and a
-  new executor on an old stream does not replay a month of history. Run one executor
-  per host at a time.
+  filter subject per consumer), explicit acks, read by the project's pull reader
+  (:class:`~reconciler.bus.reader.PullReader`). A consumer created for the first time
+  (here, or by ``reconciler provision``: :mod:`reconciler.bus.consumers`) delivers the
+  commands of the last ``catch_up_s`` seconds (0: only new ones), so an executor started
+  after the reconciler still gets the creates it is waiting for, and a new executor on
+  an old stream does not replay a month of history. Run one executor per host at a
+  time.
 - **Held until finished.** A fetched message is *held* until its command is finished;
   every held message gets ``in_progress`` every ``heartbeat_interval_s`` (a quarter of
   ``ack_wait_s`` by default), whether it runs, waits behind another command of its
@@ -26,7 +28,7 @@ Rules (docs/interface.md, "Executor commands"):
   ``workers`` instances of each host run in parallel. Hosts have their own queues and
   workers, so a host that does not answer never holds up the others.
 - **Once per command id.** Before acting, the head's ``command_id`` is looked up in the
-  executor's database (:mod:`reconciler.executor.store`); a finished one is
+  executor's database (:mod:`reconciler.executor.records`); a finished one is
   acked without acting. Every outcome is recorded *before* the ack. A create whose
   lease's VM was already deleted is ``superseded`` (a create redelivered after a crash
   can arrive after the delete that followed it; it must not bring the VM back).
@@ -44,10 +46,11 @@ Rules (docs/interface.md, "Executor commands"):
   ``retry_cap_s``) for as long as it takes; failures that may pass are retried up to
   ``max_attempts`` times, then recorded ``gave-up`` and terminated; a definite refusal by
   Incus is recorded ``rejected`` and terminated at once.
-- **NATS trouble is waited out**, never raised: a missing stream, a failed fetch, a
-  reconnect (the server forgets pull requests) or a stalled fetch rebinds the consumer
-  after ``reconnect_wait_s``; acks lost with the connection cost a redelivery, which the
-  database answers.
+- **NATS trouble is waited out**, never raised: a reconnect (the server forgets pull
+  requests), a refused pull or a stalled fetch rebinds the consumer; a missing stream, a
+  failed fetch or a failed binding waits ``reconnect_wait_s`` first. What was delivered
+  before is held all the same (its ack subject stays good). Acks lost with the
+  connection cost a redelivery, which the database answers.
 - **Shutdown** (``stop`` set): stop fetching, let the commands that are running finish
   and ack them, ``nak`` every held command not started (so the next executor gets them
   at once, in stream order), flush, close. Cancelling :meth:`Executor.run` instead
@@ -62,7 +65,6 @@ Rules (docs/interface.md, "Executor commands"):
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import time
 from collections import Counter, deque
@@ -74,12 +76,28 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import anyio
 import structlog
 from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js import JetStreamContext, api
-from nats.js.errors import FetchTimeoutError, NotFoundError
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from reconciler.bus.connection import ConnectOptions, connect
+from reconciler.bus.consumers import (
+    EXECUTOR_AHEAD,
+    EXECUTOR_CATCH_UP_S,
+    STALL_S,
+    ensure_executor_consumer,
+    executor_consumer_name,
+)
+from reconciler.bus.reader import (
+    ACK,
+    NAK,
+    PROGRESS,
+    TERM,
+    PullReader,
+    RawMessage,
+    parse_ack_subject,
+    pending_of,
+    reply,
+)
 from reconciler.bus.streams import StreamNames
 from reconciler.core.messages import DEFAULT_PREFIX
 from reconciler.executor.commands import (
@@ -93,7 +111,7 @@ from reconciler.executor.commands import (
     invalid_instance_name,
 )
 from reconciler.executor.metrics import CommandCounts, LiveFacts
-from reconciler.executor.store import ExecutorStore, FinishedCommand
+from reconciler.executor.records import ExecutorStore, FinishedCommand
 from reconciler.incus.client import (
     DEFAULT_OPERATION_TIMEOUT_S,
     DEFAULT_REQUEST_TIMEOUT_S,
@@ -116,9 +134,8 @@ T = TypeVar("T")
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0
 
 
-def consumer_name(host: str) -> str:
-    """The durable consumer of ``host``'s commands."""
-    return f"executor-{host}"
+#: the durable consumer of a host's commands (:mod:`reconciler.bus.consumers`)
+consumer_name = executor_consumer_name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,7 +164,7 @@ class ExecutorConfig:
     retention_s: float = DEFAULT_RETENTION_S
     prune_interval_s: float = 3600.0
     #: a new consumer delivers the commands of the last ``catch_up_s`` (0: only new ones)
-    catch_up_s: float = 3600.0
+    catch_up_s: float = EXECUTOR_CATCH_UP_S
     #: the storage pool of created VMs' root disks
     storage_pool: str = "default"
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
@@ -210,7 +227,8 @@ class _Held:
     host: str
     stream_seq: int
     command: Command
-    msg: Msg
+    #: the ack subject of its newest delivery: where the verdict goes
+    ack_subject: str
     delivered: int
     received: float
     started: float | None = None
@@ -274,6 +292,7 @@ class Executor:
         #: the same per host and verb, for Prometheus (:mod:`reconciler.executor.metrics`)
         self.counts = CommandCounts(config.hosts)
         self.metrics: MetricsServer | None = None  # aiohttp, loaded only when asked for
+        #: the connection, while running (verdicts go out on it)
         self._nc: Client | None = None
 
     @property
@@ -367,193 +386,114 @@ class Executor:
         """Fetch ``host``'s commands into the queue until ``stop``; never raises for NATS."""
         config = self.config
         log = logger.bind(host=host, consumer=consumer_name(host))
-        sub: JetStreamContext.PullSubscription | None = None
-        reconnects = -1
+        reader = PullReader(
+            nc,
+            stream=self.names.out_stream,
+            batch=config.fetch_batch,
+            ahead=EXECUTOR_AHEAD,
+            expires_s=config.fetch_timeout_s,
+            stall_s=STALL_S,
+        )
         try:
             while not stop.is_set():
                 room = config.max_in_hand - self._held_per_host[host]
                 if room <= 0:
                     await self._wait_for_room()
                     continue
-                if sub is None or nc.stats["reconnects"] != reconnects:
+                # what came is held (its ack subject stays good across a rebinding)
+                for raw in reader.pop_buffered(room):
+                    await self._receive(host, raw, log)
+                if reader.needs_binding():
                     self._bound.discard(host)
-                    await _unsubscribe(sub)
-                    reconnects = nc.stats["reconnects"]
-                    sub = await self._bind(js, host, log)
-                    if sub is None:
+                    if reader.broken == "fetch stalled":
+                        log.warning("consumer.fetch_stalled")
+                    if not await self._bind(nc, js, host, reader, log):
                         await _pause(stop, config.reconnect_wait_s)
-                        continue
-                msgs: list[Msg] = []
-                grace = config.fetch_timeout_s + 5.0
-                with anyio.move_on_after(grace) as watchdog:
+                    continue
+                if not reader.buffered:
                     try:
-                        msgs = await sub.fetch(
-                            min(config.fetch_batch, room), timeout=config.fetch_timeout_s
-                        )
-                    except (TimeoutError, NatsTimeoutError, FetchTimeoutError):
-                        self.counts.backlog[host] = 0  # nothing was there to deliver
-                    except Exception as exc:  # closed, reconnecting, consumer gone
+                        await reader.wait()
+                    except Exception as exc:  # closed or reconnecting
                         log.warning("consumer.fetch_failed", error=repr(exc))
+                        reader.broken = f"fetch failed: {exc!r}"
                         self._bound.discard(host)
-                        await _unsubscribe(sub)
-                        sub = None
                         await _pause(stop, config.reconnect_wait_s)
-                if watchdog.cancelled_caught:
-                    log.warning("consumer.fetch_stalled")
-                    self._bound.discard(host)
-                    await _unsubscribe(sub)
-                    sub = None
-                for msg in msgs:
-                    await self._receive(host, msg, log)
+                    else:
+                        if not reader.buffered and reader.broken is None:
+                            self.counts.backlog[host] = 0  # a request ended with nothing
         finally:
             self._bound.discard(host)
-            with anyio.CancelScope(shield=True):
-                await _unsubscribe(sub)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                await reader.unbind()
 
     async def _bind(
-        self, js: JetStreamContext, host: str, log: Any
-    ) -> JetStreamContext.PullSubscription | None:
-        """Ensure ``host``'s consumer and bind to it; ``None`` (logged) on trouble."""
-        durable = consumer_name(host)
+        self, nc: Client, js: JetStreamContext, host: str, reader: PullReader, log: Any
+    ) -> bool:
+        """Ensure ``host``'s consumer and bind ``reader`` to it; ``False`` (logged) on
+        trouble."""
+        config = self.config
         try:
-            with anyio.fail_after(self.config.fetch_timeout_s + 10.0):
-                await self._ensure_consumer(js, host, log)
-                sub = await js.pull_subscribe_bind(
-                    durable=durable,
+            with anyio.fail_after(config.fetch_timeout_s + 10.0):
+                await ensure_executor_consumer(
+                    nc,
+                    js,
                     stream=self.names.out_stream,
-                    pending_msgs_limit=max(4 * self.config.max_in_hand, 256),
+                    prefix=config.prefix,
+                    host=host,
+                    ack_wait_s=config.ack_wait_s,
+                    max_in_hand=config.max_in_hand,
+                    catch_up_s=config.catch_up_s,
+                    log=log,
                 )
+                await reader.bind(consumer_name(host))
         except NotFoundError as exc:  # the stream is not there yet (or the consumer went)
             log.warning(
                 "consumer.not_found",
                 stream=self.names.out_stream,
                 error=exc.description or repr(exc),
             )
-            return None
+            return False
         except Exception as exc:
             log.warning("consumer.bind_failed", error=repr(exc))
-            return None
+            return False
         log.info("consumer.bound", stream=self.names.out_stream)
         self._bound.add(host)
         if len(self._bound) == len(self.config.hosts):
             self.ready.set()
-        return sub
+        return True
 
-    async def _ensure_consumer(self, js: JetStreamContext, host: str, log: Any) -> None:
-        config = self.config
-        stream, durable = self.names.out_stream, consumer_name(host)
-        filter_subject = self.names.subjects.exec_commands(host)
-        try:
-            info = await js.consumer_info(stream, durable)
-        except NotFoundError:
-            pass
-        else:
-            current = info.config
-            changes: dict[str, Any] = {}
-            if abs(float(current.ack_wait or 0) - config.ack_wait_s) > 1e-3:
-                changes["ack_wait"] = config.ack_wait_s
-            if current.max_ack_pending != config.max_in_hand:
-                changes["max_ack_pending"] = config.max_in_hand
-            if current.filter_subject != filter_subject:
-                # Bound to it, this executor would refuse (terminate) other hosts' commands.
-                raise RuntimeError(
-                    f"consumer {durable} filters {current.filter_subject!r}, not "
-                    f"{filter_subject!r}: delete it to have it recreated"
-                )
-            if changes:
-                try:
-                    await js.add_consumer(stream, config=current.evolve(**changes))
-                    log.info("consumer.updated", **changes)
-                except Exception as exc:  # keep working with the consumer as it is
-                    log.warning("consumer.update_failed", error=repr(exc), **changes)
-            return
-        consumer = api.ConsumerConfig(
-            durable_name=durable,
-            description=f"reconciler executor of host {host}",
-            filter_subject=filter_subject,
-            ack_policy=api.AckPolicy.EXPLICIT,
-            ack_wait=config.ack_wait_s,
-            max_deliver=-1,
-            max_ack_pending=config.max_in_hand,
-            replay_policy=api.ReplayPolicy.INSTANT,
-        )
-        if config.catch_up_s > 0:
-            start = await self._first_seq_since(js, filter_subject, config.catch_up_s)
-            consumer.deliver_policy = api.DeliverPolicy.BY_START_SEQUENCE
-            consumer.opt_start_seq = start
-        else:
-            start = None
-            consumer.deliver_policy = api.DeliverPolicy.NEW
-        await js.add_consumer(stream, config=consumer)
-        log.info(
-            "consumer.created",
-            filter_subject=filter_subject,
-            ack_wait_s=config.ack_wait_s,
-            catch_up_s=config.catch_up_s,
-            start_seq=start,
-        )
-
-    async def _first_seq_since(
-        self, js: JetStreamContext, filter_subject: str, seconds: float
-    ) -> int:
-        """The stream sequence of the first command of ``filter_subject`` stored in the
-        last ``seconds`` (or the next sequence when there is none), found by a short-lived
-        consumer that starts by time. The durable consumer then starts by sequence: a
-        consumer that starts by time cannot be updated on nats-server 2.9 ("start time
-        can not be updated"), one that starts by sequence can."""
-        stream = self.names.out_stream
-        last = int((await js.stream_info(stream)).state.last_seq or 0)
-        since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
-        probe = await js.pull_subscribe(
-            filter_subject,
-            stream=stream,
-            config=api.ConsumerConfig(
-                deliver_policy=api.DeliverPolicy.BY_START_TIME,
-                opt_start_time=since,
-                ack_policy=api.AckPolicy.NONE,
-                inactive_threshold=30.0,
-            ),
-        )
-        try:
-            if (await probe.consumer_info()).num_pending:
-                found = await probe.fetch(1, timeout=5)
-                return int(found[0].metadata.sequence.stream)
-            return last + 1
-        finally:
-            await _unsubscribe(probe)
-
-    async def _receive(self, host: str, msg: Msg, log: Any) -> None:
+    async def _receive(self, host: str, raw: RawMessage, log: Any) -> None:
         """Hold a fetched message and queue its instance, or refuse it (terminated)."""
+        subject, ack_subject, data, _ = raw
         try:
-            meta = msg.metadata
-        except Exception:  # not a JetStream delivery: nothing to ack
-            log.warning("command.not_a_delivery", subject=msg.subject, reply=msg.reply)
+            seq, delivered, _ = parse_ack_subject(ack_subject)
+        except ValueError:  # not a JetStream delivery: nothing to ack
+            log.warning("command.not_a_delivery", subject=subject, reply=ack_subject)
             return
-        seq, delivered = int(meta.sequence.stream), int(meta.num_delivered)
-        self.counts.backlog[host] = int(meta.num_pending or 0)
+        self.counts.backlog[host] = pending_of(ack_subject)
         held = self._held.get((host, seq))
         if held is not None:  # redelivered while held: ack with the newest handle
-            held.msg, held.delivered = msg, delivered
+            held.ack_subject, held.delivered = ack_subject, delivered
             log.info("command.redelivered_while_held", stream_seq=seq, delivered=delivered)
             return
-        parsed = self._parser.parse(msg.subject, msg.data, prefix=self.config.prefix, host=host)
+        parsed = self._parser.parse(subject, data, prefix=self.config.prefix, host=host)
         if isinstance(parsed, Refusal):
             self.stats["refused"] += 1
             self.counts.refused[(host, parsed.reason)] += 1
             log.warning(
                 "command.refused",
-                subject=msg.subject,
+                subject=subject,
                 stream_seq=seq,
                 delivered=delivered,
                 **parsed.log_fields(),
             )
-            await _reply(msg, "term", log)
+            await self._reply(ack_subject, "term", log)
             return
         held = _Held(
             host=host,
             stream_seq=seq,
             command=parsed,
-            msg=msg,
+            ack_subject=ack_subject,
             delivered=delivered,
             received=time.monotonic(),
         )
@@ -562,6 +502,17 @@ class Executor:
         self._fifos.setdefault(parsed.key, deque()).append(held)
         self.queues[host].add(parsed.key)
         log.debug("command.received", delivered=delivered, **held.log_fields())
+
+    async def _reply(self, ack_subject: str, verdict: Reply, log: Any) -> None:
+        """Ack, terminate or nak a delivery; a failure is logged (redelivery is handled)."""
+        try:
+            if self._nc is None:
+                raise RuntimeError("not connected")
+            await reply(self._nc, (ack_subject,), _VERDICTS[verdict])
+        except Exception as exc:
+            log.warning(
+                "command.reply_failed", reply=verdict, error=repr(exc), ack_subject=ack_subject
+            )
 
     async def _wait_for_room(self) -> None:
         """Until a held message is released (or a fetch timeout passes: stop is checked)."""
@@ -669,7 +620,7 @@ class Executor:
             self.stats["duplicate"] += 1
             self.counts.duplicates[(held.host, command.verb)] += 1
             logger.info("command.duplicate", **fields, first_seq=verdict.earlier.stream_seq)
-            await _reply(held.msg, "ack", logger)
+            await self._reply(held.ack_subject, "ack", logger)
             return
         await self.store.record(
             FinishedCommand(
@@ -693,7 +644,7 @@ class Executor:
             logger.error("command.gave_up", **fields)
         else:
             logger.info("command.done", **fields)
-        await _reply(held.msg, verdict.reply, logger)
+        await self._reply(held.ack_subject, verdict.reply, logger)
 
     def _unhold(self, held: _Held) -> None:
         if self._held.pop((held.host, held.stream_seq), None) is not None:
@@ -705,7 +656,7 @@ class Executor:
         """At shutdown: ``nak`` every held command not finished, in stream order."""
         left = sorted(self._held.values(), key=lambda h: (h.host, h.stream_seq))
         for held in left:
-            await _reply(held.msg, "nak", logger)
+            await self._reply(held.ack_subject, "nak", logger)
         if left:
             logger.info("executor.released_unfinished", count=len(left))
         self._held.clear()
@@ -718,9 +669,12 @@ class Executor:
         """``in_progress`` for every held message, every heartbeat interval."""
         while True:
             await anyio.sleep(self.config.heartbeat_interval_s)
+            nc = self._nc
+            if nc is None:
+                continue
             for held in list(self._held.values()):
                 try:
-                    await held.msg.in_progress()
+                    await reply(nc, (held.ack_subject,), PROGRESS)
                 except Exception as exc:  # closed or reconnecting: redelivery is handled
                     logger.debug("command.heartbeat_failed", error=repr(exc))
 
@@ -739,19 +693,7 @@ class Executor:
 # ---------------------------------------------------------------------------- helpers
 
 Reply = Literal["ack", "term", "nak"]
-
-
-async def _reply(msg: Msg, reply: Reply, log: Any) -> None:
-    """Ack, terminate or nak ``msg``; a failure is logged (redelivery is handled)."""
-    try:
-        if reply == "ack":
-            await msg.ack()
-        elif reply == "term":
-            await msg.term()
-        else:
-            await msg.nak()
-    except Exception as exc:
-        log.warning("command.reply_failed", reply=reply, error=repr(exc), subject=msg.subject)
+_VERDICTS: dict[Reply, bytes] = {"ack": ACK, "term": TERM, "nak": NAK}
 
 
 async def _pause(stop: anyio.Event, seconds: float) -> None:
@@ -773,16 +715,6 @@ async def _unless_stopped(stop: anyio.Event, make: Callable[[], Awaitable[T]]) -
         result = await make()
         tg.cancel_scope.cancel()
     return result
-
-
-async def _unsubscribe(sub: JetStreamContext.PullSubscription | None) -> None:
-    """Drop a pull subscription (best effort)."""
-    if sub is not None:
-        try:
-            with anyio.fail_after(2):
-                await sub.unsubscribe()
-        except Exception as exc:  # a dead connection: nothing to undo
-            logger.debug("consumer.unsubscribe_failed", error=repr(exc))
 
 
 async def _close(nc: Client) -> None:

@@ -17,4 +17,13 @@ Rules of this program:
   rendered bootstrap travel only to Incus (user data, pushed files).
 - It imports the adapters below it (bus connection, Incus client) and the core; never
   another program (replica, bridge, executor) nor the command line.
+
+Modules: :mod:`.program` (the executable: environment and stdin in, one command, the
+answer out) over :mod:`.protocol` (GARM's external-provider protocol) and
+:mod:`.errors` (its failures and exit codes); :mod:`.provider` (each GARM command) with
+:mod:`.admission` (commands and queries on the bus) and :mod:`.attempts` (a runner's
+deterministic identities); :mod:`.config` (the provider's TOML file), :mod:`.specs` (a
+pool's extra specs) and :mod:`.schemas` (their JSON Schemas); :mod:`.bootstrap`
+(cloud-init or a warm instance's files), :mod:`.install` (the runner's install script)
+and :mod:`.gotemplate` (the Go templates those use).
 """

@@ -9,7 +9,8 @@ Rules of this layer:
   WebSocket client for ``/1.0/events``. Everything blocking runs in worker threads with
   bounded timeouts, and every failure leaves as one of :mod:`.errors`.
 - :mod:`.views` and :mod:`.units` are pure: Incus JSON and notations in, the contract's
-  units out.
+  units out. :mod:`.endpoints` says where the hosts are (the fleet file);
+  :mod:`.unix_http` carries pylxd's HTTP over a host's unix socket.
 - :mod:`.simulator` serves what a real Incus answers (FACTS.md, rest-api.yaml) for tests,
   the demo and benchmarks; production code never imports it.
 """

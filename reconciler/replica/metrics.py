@@ -2,12 +2,12 @@
 
 Rules:
 
-- The caches, the leader's workers and the query responder keep plain counters;
+- The pipeline, the leader's workers and the query responder keep plain counters;
   :class:`RuntimeCollector` reads them when ``/metrics`` is scraped, on the server every
   program shares (:mod:`reconciler.observe.endpoints`). With ``--store-writer process``
   the writer child's memory is not in the process's series.
 - ``/healthz`` answers 200 while the event loop runs; ``/readyz`` answers 200 once the
-  caches are synced and 503 before, with the health document (the ``health`` query's
+  pipeline is synced and 503 before, with the health document (the ``health`` query's
   result) as JSON in both cases.
 """
 
@@ -74,7 +74,7 @@ def replica_metrics_server(
     runtime: RuntimeFacts,
     health: Callable[[], Awaitable[dict[str, Any]]],
 ) -> MetricsServer:
-    """The replica's server: its counters, and ready once its caches are synced."""
+    """The replica's server: its counters, and ready once its pipeline is synced."""
 
     async def readiness() -> Readiness:
         document = await health()

@@ -51,7 +51,7 @@ from reconciler.core.messages import Decision, Origin, Subjects, command_msg_id
 from reconciler.core.model import HostName, PoolName, RequestId
 from reconciler.core.state import State
 from reconciler.core.status import warm_deficit
-from reconciler.replica.caches import Caches, Commit
+from reconciler.replica.pipeline import Commit, Pipeline
 from reconciler.work.queue import WorkQueue, run_with_resync
 
 __all__ = ["WarmPoolReconciler", "topup_request_id", "warm_instance_name"]
@@ -94,7 +94,7 @@ class WarmPoolReconciler:
     def __init__(
         self,
         *,
-        caches: Caches,
+        pipeline: Pipeline,
         js: JetStreamContext,
         prefix: str,
         workers: int = 1,
@@ -107,7 +107,7 @@ class WarmPoolReconciler:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        self.caches = caches
+        self.pipeline = pipeline
         self.recheck_s = recheck_s
         self.coalesce_s = coalesce_s
         self.boot_timeout_s = boot_timeout_s
@@ -153,7 +153,7 @@ class WarmPoolReconciler:
     def _room_appeared(self, hosts: set[HostName]) -> bool:
         """Whether any of ``hosts`` may have more room than when last seen (a host seen
         for the first time may); remembers what each has now."""
-        state, rooms = self.caches.state, self._rooms
+        state, rooms = self.pipeline.state, self._rooms
         appeared = False
         for name in hosts:
             room = _room(state, name)
@@ -173,14 +173,14 @@ class WarmPoolReconciler:
         await run_with_resync(
             self.queue,
             self.reconcile,
-            keys=lambda: sorted(self.caches.state.pools),
+            keys=lambda: sorted(self.pipeline.state.pools),
             every_s=self.interval_s,
             workers=self.workers,
         )
 
     async def reconcile(self, pool_name: str) -> None:
         """One look at one pool: publish the admits its deficit calls for."""
-        state = self.caches.state
+        state = self.pipeline.state
         pool = PoolName(pool_name)
         self._settle(pool)
         await self._expire_stuck(pool)
@@ -224,7 +224,7 @@ class WarmPoolReconciler:
         forever, and the pool would never refill. A VM that does turn up later carries a
         released lease's tag, so the next inventory has the executor delete it.
         """
-        state = self.caches.state
+        state = self.pipeline.state
         now = self._wall()
         for lease in state.booting_in_pool(pool):
             if lease.request_id is None:
@@ -256,7 +256,7 @@ class WarmPoolReconciler:
     def _settle(self, pool: PoolName) -> None:
         """Forget this pool's decided top-ups: an admitted one ends the pool's backoff, a
         rejected one starts it or doubles it (an expiry's release is neither)."""
-        decisions = self.caches.state.decisions
+        decisions = self.pipeline.state.decisions
         admitted = False
         rejected: Decision | None = None
         for request_id in [r for r, p in self.in_flight.items() if p == pool]:

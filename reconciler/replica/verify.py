@@ -34,7 +34,7 @@ from nats.js import JetStreamContext
 from reconciler.bus.sending import publish
 from reconciler.core.messages import Subjects, observation_msg_id
 from reconciler.core.model import LeaseId
-from reconciler.replica.caches import Caches, Commit
+from reconciler.replica.pipeline import Commit, Pipeline
 from reconciler.work.queue import TemporaryError, WorkQueue, run_with_resync
 
 if TYPE_CHECKING:  # the client (pylxd) is loaded only by a replica that has Incus hosts
@@ -78,7 +78,7 @@ class SuspectVerifier:
     def __init__(
         self,
         *,
-        caches: Caches,
+        pipeline: Pipeline,
         js: JetStreamContext,
         prefix: str,
         probes: Mapping[str, InstanceProbe],
@@ -87,7 +87,7 @@ class SuspectVerifier:
         interval_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.caches = caches
+        self.pipeline = pipeline
         self.js = js
         self.prefix = prefix
         self.subjects = Subjects(prefix)
@@ -107,7 +107,7 @@ class SuspectVerifier:
 
     def notify(self, commit: Commit) -> None:
         """Commit listener: queue every suspect lease the batch touched."""
-        leases = self.caches.state.leases
+        leases = self.pipeline.state.leases
         known = self._suspect
         for lease_id in commit.fx.leases:
             lease = leases.get(lease_id)
@@ -128,7 +128,7 @@ class SuspectVerifier:
         )
 
     def _suspects(self) -> list[LeaseId]:
-        leases = self.caches.state.leases
+        leases = self.pipeline.state.leases
         if self._suspect is None:  # once per term, then kept by notify
             self._suspect = {
                 le.lease_id
@@ -146,7 +146,7 @@ class SuspectVerifier:
 
     async def verify(self, lease_id: LeaseId) -> None:
         """One live GET for one suspect lease, published as an observation."""
-        state = self.caches.state
+        state = self.pipeline.state
         lease = state.leases.get(lease_id)
         if lease is None or not lease.active or lease.suspect_revision is None:
             return

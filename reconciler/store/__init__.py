@@ -1,10 +1,15 @@
 """The SQLite adapter: folded state, lease journal, outbox and position, in one transaction.
 
-- :mod:`reconciler.store.sqlite`: :class:`Store`, the aiosqlite implementation.
+- :mod:`reconciler.store.sqlite`: :class:`Store`, the aiosqlite implementation, on
+  :mod:`reconciler.store.database` (one connection used alone, driver errors translated).
 - :mod:`reconciler.store.transactions`: the write transactions, plain ``sqlite3``.
 - :mod:`reconciler.store.writer`: the writer process that runs them off the loop's GIL
-  (:mod:`reconciler.store.writer_child` is the process itself).
-- :mod:`reconciler.store.codec`: exact JSON round trips of the core's dataclasses.
+  (:mod:`reconciler.store.writer_child` is the process itself;
+  :mod:`reconciler.store.pipes` widens the pipes to it and to the replay's reader).
+- :mod:`reconciler.store.codec`: exact JSON round trips of the core's dataclasses;
+  :mod:`reconciler.store.outbox_rows`: the outbox's row format, one row per batch.
+- :mod:`reconciler.store.digest`: the state's digest, which a replica and its replay
+  compare; :mod:`reconciler.store.snapshot_format`: the state as canonical bytes, for snapshots.
 - :mod:`reconciler.store.migrations`: the schema, as forward-only numbered migrations.
 - :mod:`reconciler.store.errors`: :class:`StoreError` and its conditions.
 

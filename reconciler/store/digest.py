@@ -18,7 +18,7 @@ Rules:
   tuples of these and a frozen ``Resources``), so one object always has one encoding,
   and the digest is the same with or without ``known``. This is how a replay from a
   snapshot digests its final state without encoding again the leases the fold left as
-  the snapshot decoded them (:attr:`reconciler.store.snapshot.DecodedSnapshot.
+  the snapshot decoded them (:attr:`reconciler.store.snapshot_format.DecodedSnapshot.
   lease_encodings`, recorded by its verification digest).
 """
 

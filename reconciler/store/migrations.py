@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import aiosqlite
 
 from reconciler.store.errors import SchemaTooNew
-from reconciler.store.outbox import pack_outputs
+from reconciler.store.outbox_rows import pack_outputs
 
 Step = str | Callable[[aiosqlite.Connection], Awaitable[None]]
 

@@ -5,7 +5,7 @@ the rows of every entity the batch changed (read from the state; a changed entit
 is no longer in the state is deleted; a lease changing does not change its host's or
 pool's row), the journal of its lease transitions, its outputs in the outbox, and the
 applied stream sequence. The position only moves forward: a batch at or below it
-writes nothing and :meth:`Store.commit` returns ``False``, which is what makes a
+writes nothing and :meth:`Store.write` returns ``False``, which is what makes a
 redelivered batch harmless.
 
 Rules of this module:
@@ -48,7 +48,7 @@ from reconciler.store.database import Database, check_worker_api, create_private
 from reconciler.store.errors import StoreError
 from reconciler.store.migrations import LATEST, migrate
 from reconciler.store.migrations import schema_version as read_schema_version
-from reconciler.store.outbox import pack_outputs, unpack_outputs
+from reconciler.store.outbox_rows import pack_outputs, unpack_outputs
 from reconciler.store.transactions import (
     INSERT_OUTBOX,
     PRUNE_JOURNAL,
@@ -391,15 +391,10 @@ class Store(Database):
 
     # ------------------------------------------------------------------ writes
 
-    async def commit(self, state: State, fx: Effects, *, applied_seq: int) -> bool:
-        """Write one folded batch atomically, with the position ``applied_seq``: the
-        batch's outbox row records it. ``False``, and nothing written, when
-        ``applied_seq`` is at or below the stored position (a redelivered batch).
-        """
-        return await self.write(encode_batch(state, fx, applied_seq=applied_seq))
-
     async def write(self, batch: Batch) -> bool:
-        """Write an encoded batch in one transaction; see :meth:`commit`.
+        """Write one encoded batch (:func:`encode_batch`) atomically, with its position
+        ``batch.applied_seq``: the batch's outbox row records it. ``False``, and nothing
+        written, when that is at or below the stored position (a redelivered batch).
 
         For pipelining: ``batch = encode_batch(...)`` right after folding, then fold the
         next batch while ``write(batch)`` runs on the database thread, in one hop.
@@ -558,19 +553,6 @@ class Store(Database):
             )
         leases = [_decode(Lease, data, "leases", lease_id) for lease_id, data in rows]
         return sorted(leases, key=lambda le: (le.admitted_seq, le.lease_id))
-
-    async def transitions_at(self, input_seq: int) -> list[dict[str, Any]]:
-        """Every lease transition one input caused, in order (audit: "what did N do")."""
-        async with self.using("read journal") as conn:
-            rows = await conn.execute_fetchall(
-                "SELECT lease_id, event, from_state, to_state FROM journal "
-                "WHERE input_seq = ? ORDER BY id",
-                (input_seq,),
-            )
-        return [
-            {"lease_id": lid, "event": event, "from_state": src, "to_state": dst}
-            for lid, event, src, dst in rows
-        ]
 
     async def decisions_for(
         self, *, lease_id: str | None = None, request_id: str | None = None

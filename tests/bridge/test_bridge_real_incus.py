@@ -23,7 +23,7 @@ from reconciler.bus.schemas import load
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from tests.support.bus import BusClient
 from tests.support.natsserver import NatsServer
-from tests.support.realincus import RealIncus
+from tests.support.realincus import RealIncus, launch_ready
 
 pytestmark = [pytest.mark.real_incus, pytest.mark.timeout(90)]
 
@@ -131,11 +131,11 @@ async def test_every_lifecycle_event_incus_emitted_reaches_the_bus(
         async with bridged(real_incus, bus) as bridge:
             await connected(bridge)
             for i in range(2):
-                await anyio.to_thread.run_sync(real_incus.launch_ready, f"br-{i}")
+                await anyio.to_thread.run_sync(launch_ready, real_incus, f"br-{i}")
                 await anyio.to_thread.run_sync(
                     functools.partial(real_incus.incus, "delete", "--force", f"br-{i}")
                 )
-            await anyio.to_thread.run_sync(real_incus.launch_ready, "br-graceful")
+            await anyio.to_thread.run_sync(launch_ready, real_incus, "br-graceful")
             await anyio.to_thread.run_sync(
                 lambda: real_incus.incus("stop", "--force", "br-graceful")
             )
@@ -168,7 +168,7 @@ async def test_events_emitted_while_nats_is_frozen_are_published_once_it_answers
             await bus.wait_inputs(f"rc.in.host.{HOST}.inventory", 1)
             nats_server.pause()
             try:
-                await anyio.to_thread.run_sync(real_incus.launch_ready, "frozen-1")
+                await anyio.to_thread.run_sync(launch_ready, real_incus, "frozen-1")
                 await anyio.sleep(1.5)  # several publish timeouts
             finally:
                 nats_server.resume()
@@ -198,7 +198,7 @@ async def test_a_bridge_connecting_during_churn_misses_nothing_after_its_first_e
 
         async def churn() -> None:
             for i in range(3):
-                await anyio.to_thread.run_sync(real_incus.launch_ready, f"early-{i}")
+                await anyio.to_thread.run_sync(launch_ready, real_incus, f"early-{i}")
             churned.set()
 
         async with anyio.create_task_group() as tg:
@@ -248,7 +248,7 @@ async def test_the_bridge_reconnects_after_the_daemon_restarts(
         await connected(bridge)
         await anyio.to_thread.run_sync(real_incus.restart)
         await connected(bridge, 2)
-        await anyio.to_thread.run_sync(real_incus.launch_ready, "after-restart")
+        await anyio.to_thread.run_sync(launch_ready, real_incus, "after-restart")
         events = await lifecycle_on_bus(bus, 3)
         inventories = await bus.wait_inputs(f"rc.in.host.{HOST}.inventory", 2)
     actions = {e["event"]["metadata"]["action"] for e in events}

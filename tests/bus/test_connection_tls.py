@@ -20,7 +20,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from reconciler.bus.connection import ConnectOptions, ConnectRefused, connect, supports_tls_guard
+from reconciler.bus.connection import ConnectOptions, ConnectRefused, connect
+from reconciler.bus.nats_internals import guards_tls
 from tests.support.cluster import _free_ports, make_credentials
 from tests.support.natsserver import find_binary
 
@@ -207,7 +208,7 @@ def test_a_plain_websocket_url_with_tls_options_is_a_usage_error(secrets: Path) 
 
 
 def test_the_installed_nats_py_still_has_the_hook_the_guard_needs() -> None:
-    assert supports_tls_guard()
+    assert guards_tls()
 
 
 def test_every_kind_of_tls_intent_requires_tls() -> None:

@@ -20,11 +20,12 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from reconciler.cli.gc_policy import DEFAULT_GC_THRESHOLD
 from reconciler.cli.main import cli
+from reconciler.replica.collector import DEFAULT_GC_THRESHOLD
 from reconciler.store.sqlite import Store
 from tests.support import builders as b
 from tests.support.bus import BusClient
+from tests.support.folding import commit
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -252,7 +253,7 @@ def test_run_refuses_a_store_ahead_of_the_stream(nats_url: str, tmp_path: Path) 
         from reconciler.core.state import Effects, State
 
         async with await Store.open(db) as store:
-            await store.commit(State(applied_seq=99), Effects(), applied_seq=99)
+            await commit(store, State(applied_seq=99), Effects(), applied_seq=99)
 
     anyio.run(ahead)
     result = subprocess.run(

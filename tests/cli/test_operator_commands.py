@@ -14,11 +14,12 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
+from reconciler.cli.commands.query import QUERIES
 from reconciler.cli.main import cli
-from reconciler.cli.query_cmd import QUERIES
 from tests.cli.test_main import RunningProcess, on_bus
 from tests.support import builders as b
 from tests.support.bus import BusClient
+from tests.support.folding import commit
 from tests.support.repo import ROOT
 
 pytestmark = pytest.mark.timeout(90)
@@ -208,7 +209,7 @@ def test_an_unreachable_server_is_a_bounded_clear_error(
 
         async def a_store() -> None:
             async with await Store.open(db) as store:
-                await store.commit(State(applied_seq=0), Effects(), applied_seq=0)
+                await commit(store, State(applied_seq=0), Effects(), applied_seq=0)
 
         anyio.run(a_store)
     argv = [{"POOLS": str(pools), "DB": str(db)}.get(a, a) for a in args]

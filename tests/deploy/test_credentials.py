@@ -28,7 +28,7 @@ from reconciler.cli.main import cli
 from reconciler.deploy.accounts import permissions
 from reconciler.deploy.credentials import public_key
 from reconciler.deploy.fleet import Fleet
-from reconciler.replica.runtime import Replica, RunConfig, StartupError
+from reconciler.replica.replica import Replica, RunConfig, StartupError
 from tests.support.bus import running_replica
 from tests.support.cluster import BINARY, _free_ports
 

@@ -7,7 +7,7 @@ instances in parallel; a command id acted on once (re-published, redelivered aft
 crash); retries of transient failures (a failing create, an unreachable host) and of a
 NATS restart; definite refusals terminated; bad commands refused without Incus;
 heartbeats; graceful shutdown. Parsing is in ``test_commands.py``, the command as a
-process in ``tests/cli/test_executor_cmd.py``.
+process in ``tests/cli/commands/test_executor.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from nats.js import api
 from reconciler.bus.streams import ensure_streams
 from reconciler.core.model import TAG_KIND, TAG_LEASE_ID, TAG_POOL
 from reconciler.executor.executor import ExecutorConfig, consumer_name
-from reconciler.executor.store import ExecutorStore, FinishedCommand
+from reconciler.executor.records import ExecutorStore, FinishedCommand
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.simulator import Fleet, Listen, default_fleet
 from tests.incus.conftest import FAST, make_fleet

@@ -76,10 +76,10 @@ def test_frozen_objects_without_cycles_are_still_freed_when_dropped() -> None:
 def test_the_replays_collector_is_off_until_the_freeze_and_as_found_afterwards(
     folded: bool,
 ) -> None:
-    """The replay (reconciler.replica.replay) turns the collector off until the decoded
+    """The replay (reconciler.replay.replay) turns the collector off until the decoded
     snapshot is frozen (turned on at the end of the decoding, it would at once scan every
     object the decoding made), and leaves it as it found it, also when it fails before."""
-    from reconciler.replica.replay import FOLD_GC_THRESHOLD, _FoldCollector
+    from reconciler.replay.replay import FOLD_GC_THRESHOLD, _FoldCollector
 
     thresholds = gc.get_threshold()
     assert gc.isenabled()

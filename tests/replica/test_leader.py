@@ -110,12 +110,12 @@ async def test_replicas_share_the_work_and_fail_over(
         await bus.wait_caught_up()
         assert a.leader_ready and not b_.leader_ready
         # the follower folded the same inputs and learns what the leader published
-        assert b_.store is not None and b_.caches is not None
+        assert b_.store is not None and b_.pipeline is not None
         with anyio.fail_after(5):
             while await b_.store.published_seq() < 3:  # noqa: ASYNC110 - polling the store
                 await anyio.sleep(0.05)
         assert (await b_.store.outbox_snapshot()).rows == []
-        assert b_.caches.state.lease_of_instance("vm-1") is not None
+        assert b_.pipeline.state.lease_of_instance("vm-1") is not None
     # both stopped; now only the second one runs and leads
     async with running_replica(second) as b_:
         await bus.send(b.admit("r2", "web", "vm-2"))

@@ -1,7 +1,7 @@
 """The leader's warm top-up looking again at a refused pool: when room may have appeared
 on a host, and not when an inventory or a snapshot only says again what the last one
 said. Folded states and a fake clock; nothing is published (the bus side is in
-tests/replica/test_runtime.py)."""
+tests/replica/test_replica.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import anyio
 
 from reconciler.core.model import HostName, PoolName
 from reconciler.core.state import State
-from reconciler.replica.caches import Caches, Commit
+from reconciler.replica.pipeline import Commit, Pipeline
 from reconciler.replica.topup import WarmPoolReconciler
 from tests.support.builders import Fleet, admit, cmd, inventory, pool, snapshot
 from tests.support.clock import FakeClock
@@ -20,7 +20,7 @@ WEB = PoolName("web")
 
 
 class _Caches:
-    """What the top-up reads of the caches: the state."""
+    """What the top-up reads of the pipeline: the state."""
 
     def __init__(self, state: State) -> None:
         self.state = state
@@ -43,7 +43,7 @@ def _refused(fleet: Fleet, clock: FakeClock) -> WarmPoolReconciler:
     """A top-up that has seen the fleet once and had the web pool refused, its next try
     a minute away."""
     warm = WarmPoolReconciler(
-        caches=cast(Caches, _Caches(fleet.state)), js=cast(Any, None), prefix="rc", clock=clock
+        pipeline=cast(Pipeline, _Caches(fleet.state)), js=cast(Any, None), prefix="rc", clock=clock
     )
     _notify(warm, fleet, hosts={HostName("h1")})
     warm.refused[WEB] = (7, clock() + 60)

@@ -12,7 +12,7 @@ from reconciler.core.model import Lease, LeaseId
 from reconciler.core.state import State
 from reconciler.store.codec import encode
 from reconciler.store.digest import state_digest
-from reconciler.store.snapshot import (
+from reconciler.store.snapshot_format import (
     DecodedSnapshot,
     decode_snapshot,
     read_snapshot,

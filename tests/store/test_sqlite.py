@@ -45,12 +45,12 @@ from reconciler.store import (
 from reconciler.store import migrations as mig
 from reconciler.store.codec import CodecError
 from reconciler.store.digest import state_digest
-from reconciler.store.outbox import unpack_outputs
+from reconciler.store.outbox_rows import unpack_outputs
 from tests.core.test_fold_properties import out_tuples
 from tests.core.test_retention import Clocked
 from tests.support import builders as b
 from tests.support.builders import admit, cmd, message, pool, snapshot
-from tests.support.folding import fold_batch, unsent_outbox
+from tests.support.folding import commit, fold_batch, transitions_at, unsent_outbox
 
 # ============================================================================ scenario
 
@@ -260,7 +260,7 @@ async def test_reload_at_every_cut_gives_the_same_state_and_outputs(
     db = tmp_path / "rc.db"
     prefix_state, prefix_fx = folded(MESSAGES[:cut])
     async with await Store.open(db) as store:
-        committed = await store.commit(prefix_state, prefix_fx, applied_seq=cut)
+        committed = await commit(store, prefix_state, prefix_fx, applied_seq=cut)
         assert committed is (cut > 0)
     async with await Store.open(db) as store:
         loaded = await store.load_state()
@@ -268,7 +268,7 @@ async def test_reload_at_every_cut_gives_the_same_state_and_outputs(
         # the bus redelivers from the start: the fold skips what is at or below the
         # position, so only the rest has effects
         rest_fx = fold_batch(loaded, MESSAGES)
-        assert await store.commit(loaded, rest_fx, applied_seq=N) is (cut < N)
+        assert await commit(store, loaded, rest_fx, applied_seq=N) is (cut < N)
     async with await Store.open(db) as store:
         final = await store.load_state()
         assert await store.applied_seq() == N
@@ -300,7 +300,7 @@ async def test_any_batching_with_restarts_gives_the_same_result(
             start = 0
             for end in bounds:
                 fx = fold_batch(state, MESSAGES[start:end])
-                assert await store.commit(state, fx, applied_seq=end)
+                assert await commit(store, state, fx, applied_seq=end)
                 if end in restarts:
                     await store.close()
                     store = await Store.open(db)
@@ -323,7 +323,7 @@ async def test_an_encoded_batch_is_a_snapshot(tmp_path: Path) -> None:
     async with await Store.open(tmp_path / "rc.db") as store:
         assert await store.write(batch)
         assert_same_state(await store.load_state(), folded(MESSAGES[:20])[0])
-        assert await store.commit(state, more, applied_seq=30)
+        assert await commit(store, state, more, applied_seq=30)
         assert_same_state(await store.load_state(), state)
 
 
@@ -337,8 +337,8 @@ async def test_lease_changes_rewrite_no_host_or_pool_row(tmp_path: Path) -> None
     statements = [statement for statement, _ in encode_batch(state, more, applied_seq=21).writes]
     assert not [s for s in statements if "INTO hosts " in s or "INTO pools " in s]
     async with await Store.open(tmp_path / "rc.db") as store:
-        assert await store.commit(folded(MESSAGES[:16])[0], fx, applied_seq=16)
-        assert await store.commit(state, more, applied_seq=21)
+        assert await commit(store, folded(MESSAGES[:16])[0], fx, applied_seq=16)
+        assert await commit(store, state, more, applied_seq=21)
         assert_same_state(await store.load_state(), state)
 
 
@@ -371,16 +371,16 @@ async def test_a_batch_at_or_below_the_position_is_a_no_op(tmp_path: Path) -> No
     state, fx = folded(MESSAGES[:25])
     async with await Store.open(db) as store:
         assert await store.applied_seq() == 0
-        assert await store.commit(state, fx, applied_seq=25)
+        assert await commit(store, state, fx, applied_seq=25)
         before = await counts(db)
         assert before[0] > 0
-        assert not await store.commit(state, fx, applied_seq=25)
-        assert not await store.commit(state, fx, applied_seq=3)
-        assert not await store.commit(state, fx, applied_seq=0)
+        assert not await commit(store, state, fx, applied_seq=25)
+        assert not await commit(store, state, fx, applied_seq=3)
+        assert not await commit(store, state, fx, applied_seq=0)
         assert await counts(db) == before
         assert await store.applied_seq() == 25
         more = fold_batch(state, MESSAGES[25:26])
-        assert await store.commit(state, more, applied_seq=26)
+        assert await commit(store, state, more, applied_seq=26)
         assert await store.applied_seq() == 26
         assert (await store.load_state()).applied_seq == 26
 
@@ -389,7 +389,7 @@ async def test_the_position_may_pass_messages_the_fold_never_saw(tmp_path: Path)
     """A batch whose last messages were dead-lettered: the position is the batch's."""
     state, fx = folded(MESSAGES[:10])
     async with await Store.open(tmp_path / "rc.db") as store:
-        assert await store.commit(state, fx, applied_seq=12)
+        assert await commit(store, state, fx, applied_seq=12)
         loaded = await store.load_state()
     assert loaded.applied_seq == 12
     assert fold(loaded, MESSAGES[11]).outputs == []  # seq 12: skipped
@@ -398,7 +398,7 @@ async def test_the_position_may_pass_messages_the_fold_never_saw(tmp_path: Path)
 async def test_entities_absent_from_the_state_are_deleted(tmp_path: Path) -> None:
     state, fx = folded(MESSAGES[:30])
     async with await Store.open(tmp_path / "rc.db") as store:
-        assert await store.commit(state, fx, applied_seq=30)
+        assert await commit(store, state, fx, applied_seq=30)
         gone = Effects(
             host_rows={HostName("h1")},
             pool_rows={PoolName("gpu")},
@@ -415,7 +415,7 @@ async def test_entities_absent_from_the_state_are_deleted(tmp_path: Path) -> Non
                 del getattr(state, attr)[key]
         del state.jobs[JobId("job-g")]  # the job of lease L22
         state.reindex()
-        assert await store.commit(state, gone, applied_seq=31)
+        assert await commit(store, state, gone, applied_seq=31)
         loaded = await store.load_state()
     for name in ("hosts", "pools", "classes", "profiles", "policies", "leases", "decisions"):
         assert getattr(loaded, name) == getattr(state, name), name
@@ -434,7 +434,7 @@ async def test_outbox_batches_are_published_through_a_position(tmp_path: Path) -
     expected = [*outputs(fx), (DEAD_LETTER.subject, DEAD_LETTER.msg_id, DEAD_LETTER.payload)]
     async with await Store.open(db) as store:
         fx.outputs.append(DEAD_LETTER)  # a dead letter goes to the outbox as the fold's do
-        assert await store.commit(state, fx, applied_seq=14)
+        assert await commit(store, state, fx, applied_seq=14)
         snap = await store.outbox_snapshot()
         assert [(r.subject, r.msg_id, r.payload) for r in snap.rows] == expected
         assert {r.input_seq for r in snap.rows} == {14}
@@ -442,7 +442,7 @@ async def test_outbox_batches_are_published_through_a_position(tmp_path: Path) -
         assert raw_rows(db, "SELECT count(*) FROM outbox_batches") == [(1,)]  # one row a batch
 
         more = fold_batch(state, MESSAGES[14:20])
-        assert await store.commit(state, more, applied_seq=20)
+        assert await commit(store, state, more, applied_seq=20)
         partial = await store.outbox_snapshot(limit=1)  # one batch of the two
         assert (partial.through_seq, partial.complete) == (14, False)
         assert await store.mark_published_through(partial.through_seq) == 1
@@ -465,7 +465,7 @@ async def test_a_batch_at_or_below_the_published_position_writes_no_outbox(
     state, fx = folded(MESSAGES[:14])
     async with await Store.open(tmp_path / "rc.db") as store:
         await store.mark_published_through(20)
-        assert await store.commit(state, fx, applied_seq=14)
+        assert await commit(store, state, fx, applied_seq=14)
         assert await unsent_outbox(store) == []
         assert await store.applied_seq() == 14
 
@@ -476,8 +476,8 @@ async def test_unsent_outbox_survives_a_restart(tmp_path: Path) -> None:
     async with await Store.open(db) as store:
         for start in range(0, N, 10):
             end = min(start + 10, N)
-            assert await store.commit(
-                state, fold_batch(state, MESSAGES[start:end]), applied_seq=end
+            assert await commit(
+                store, state, fold_batch(state, MESSAGES[start:end]), applied_seq=end
             )
         first = await store.outbox_snapshot(limit=2)
         await store.mark_published_through(first.through_seq)
@@ -491,7 +491,7 @@ async def test_unsent_outbox_survives_a_restart(tmp_path: Path) -> None:
 
 async def test_lease_history_and_audit_queries(tmp_path: Path) -> None:
     async with await Store.open(tmp_path / "rc.db") as store:
-        assert await store.commit(FULL_STATE, FULL_FX, applied_seq=N)
+        assert await commit(store, FULL_STATE, FULL_FX, applied_seq=N)
         history = await store.lease_history("L13")
         assert history == [
             {"input_seq": 13, "event": "admit", "from_state": None, "to_state": "reserved"},
@@ -512,7 +512,7 @@ async def test_lease_history_and_audit_queries(tmp_path: Path) -> None:
             ] == [t for t in transitions(FULL_FX) if t[1] == lease_id]
         assert await store.lease_history("L-unknown") == []
 
-        preemption = await store.transitions_at(26)
+        preemption = await transitions_at(store, 26)
         assert [(t["lease_id"], t["to_state"]) for t in preemption] == [
             ("L14", "victim"),
             ("L15", "victim"),
@@ -531,7 +531,7 @@ async def test_lease_history_and_audit_queries(tmp_path: Path) -> None:
 async def test_the_journal_is_append_only(tmp_path: Path) -> None:
     db = tmp_path / "rc.db"
     async with await Store.open(db) as store:
-        assert await store.commit(FULL_STATE, FULL_FX, applied_seq=N)
+        assert await commit(store, FULL_STATE, FULL_FX, applied_seq=N)
     with sqlite3.connect(db) as conn:
         with pytest.raises(sqlite3.DatabaseError, match="append-only"):
             conn.execute("UPDATE journal SET event = 'forged' WHERE id = 1")
@@ -592,7 +592,7 @@ async def test_opening_a_v1_database_migrates_it(tmp_path: Path) -> None:
 async def test_a_database_newer_than_the_code_is_refused_untouched(tmp_path: Path) -> None:
     db = tmp_path / "rc.db"
     async with await Store.open(db) as store:
-        assert await store.commit(FULL_STATE, FULL_FX, applied_seq=N)
+        assert await commit(store, FULL_STATE, FULL_FX, applied_seq=N)
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE schema_version SET version = ?", (mig.LATEST + 1,))
     before = db.read_bytes()
@@ -611,7 +611,7 @@ async def test_a_failing_migration_leaves_the_last_good_version(
 ) -> None:
     db = tmp_path / "rc.db"
     async with await Store.open(db) as store:
-        assert await store.commit(FULL_STATE, FULL_FX, applied_seq=N)
+        assert await commit(store, FULL_STATE, FULL_FX, applied_seq=N)
 
     async def backfill(conn: aiosqlite.Connection) -> None:
         await conn.execute("INSERT INTO notes (text) VALUES ('half done')")
@@ -649,7 +649,7 @@ async def test_a_corrupted_file_is_a_store_error(tmp_path: Path) -> None:
 async def test_a_damaged_database_page_is_a_store_error(tmp_path: Path) -> None:
     db = tmp_path / "rc.db"
     async with await Store.open(db) as store:
-        assert await store.commit(FULL_STATE, FULL_FX, applied_seq=N)
+        assert await commit(store, FULL_STATE, FULL_FX, applied_seq=N)
     raw = bytearray(db.read_bytes())
     page = 4096
     assert len(raw) > 4 * page
@@ -667,7 +667,7 @@ async def test_a_damaged_database_page_is_a_store_error(tmp_path: Path) -> None:
 async def test_an_undecodable_row_is_a_store_error_naming_it(tmp_path: Path) -> None:
     db = tmp_path / "rc.db"
     async with await Store.open(db) as store:
-        assert await store.commit(FULL_STATE, FULL_FX, applied_seq=N)
+        assert await commit(store, FULL_STATE, FULL_FX, applied_seq=N)
     for data in ('{"lease_id": "L13", ', '{"lease_id": "L13", "colour": "red"}'):
         with sqlite3.connect(db) as conn:
             conn.execute("UPDATE leases SET data = ? WHERE lease_id = 'L13'", (data,))
@@ -688,7 +688,7 @@ async def test_a_closed_store_says_so(tmp_path: Path) -> None:
     await store.close()
     await store.close()  # idempotent
     with pytest.raises(StoreClosed):
-        await store.commit(FULL_STATE, FULL_FX, applied_seq=N)
+        await commit(store, FULL_STATE, FULL_FX, applied_seq=N)
     with pytest.raises(StoreError):
         await unsent_outbox(store)
 
@@ -699,7 +699,7 @@ async def test_unencodable_state_is_a_store_error_before_any_write(tmp_path: Pat
     state.hosts[HostName("h1")] = dataclasses.replace(host, snapshot_revision=2**64)
     async with await Store.open(tmp_path / "rc.db") as store:
         with pytest.raises(StoreError, match="hosts 'h1'"):
-            await store.commit(state, fx, applied_seq=5)
+            await commit(store, state, fx, applied_seq=5)
         assert await store.applied_seq() == 0
 
 
@@ -723,7 +723,7 @@ async def test_concurrent_calls_do_not_interleave_transactions(tmp_path: Path) -
             for start in range(0, N, 5):
                 end = min(start + 5, N)
                 fx = fold_batch(state, MESSAGES[start:end])
-                assert await store.commit(state, fx, applied_seq=end)
+                assert await commit(store, state, fx, applied_seq=end)
 
         await asyncio.gather(publisher(), consumer())
         assert_same_state(await store.load_state(), FULL_STATE)
@@ -738,7 +738,7 @@ async def test_a_cancelled_commit_is_all_or_nothing(tmp_path: Path) -> None:
     for delay in (0, 0.0005, 0.002, 0.01):
         db.unlink(missing_ok=True)
         async with await Store.open(db) as store:
-            task = asyncio.create_task(store.commit(FULL_STATE, FULL_FX, applied_seq=N))
+            task = asyncio.create_task(commit(store, FULL_STATE, FULL_FX, applied_seq=N))
             await asyncio.sleep(delay)
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -747,13 +747,13 @@ async def test_a_cancelled_commit_is_all_or_nothing(tmp_path: Path) -> None:
             assert applied in (0, N)
             if applied == 0:
                 assert await counts(db) == (0, 0, 0, 0, 0, 0)
-                assert await store.commit(FULL_STATE, FULL_FX, applied_seq=N)
+                assert await commit(store, FULL_STATE, FULL_FX, applied_seq=N)
             assert_same_state(await store.load_state(), FULL_STATE)
         assert all_outbox(db) == outputs(FULL_FX)
 
 
 def test_packed_outputs_round_trip_in_order() -> None:
-    from reconciler.store.outbox import pack_outputs
+    from reconciler.store.outbox_rows import pack_outputs
 
     outputs = [
         ("out.decision.r1", "decision:r1:final", b'{"a":1}'),
@@ -786,9 +786,9 @@ async def test_the_store_deletes_what_the_fold_evicted(tmp_path: Path) -> None:
             fx.extend(fold_fx)
             fx.extend(run.send(cmd("release", f"rel{n}", instance=f"i{n}")))
             if n % 7 == 6:
-                assert await store.commit(run.state, fx, applied_seq=run.state.applied_seq)
+                assert await commit(store, run.state, fx, applied_seq=run.state.applied_seq)
                 fx = Effects()
-        assert await store.commit(run.state, fx, applied_seq=run.state.applied_seq)
+        assert await commit(store, run.state, fx, applied_seq=run.state.applied_seq)
         loaded = await store.load_state(decision_retention_s=20)
     with closing(sqlite3.connect(tmp_path / "rc.db")) as conn:
         counts = {

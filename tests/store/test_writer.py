@@ -28,7 +28,7 @@ from tests.store.test_sqlite import (
     all_outbox,
     assert_same_state,
 )
-from tests.support.folding import fold_batch
+from tests.support.folding import commit, fold_batch
 from tests.support.repo import ROOT
 
 #: the largest pipe an unprivileged process may ask for (Linux)
@@ -62,7 +62,7 @@ async def _commit_in_batches(db: Path, *, writer_process: bool) -> None:
         for start in range(0, N, 7):
             end = min(start + 7, N)
             fx = fold_batch(state, MESSAGES[start:end])
-            assert await store.commit(state, fx, applied_seq=end)
+            assert await commit(store, state, fx, applied_seq=end)
         await store.mark_published_through(N // 2)
 
 
@@ -84,9 +84,9 @@ async def test_commits_are_readable_at_once_and_positions_only_move_forward(
     fx = fold_batch(state, MESSAGES[:10])
     async with await Store.open(tmp_path / "rc.db", writer_process=True) as store:
         assert store.writer_pid is not None
-        assert await store.commit(state, fx, applied_seq=10)
+        assert await commit(store, state, fx, applied_seq=10)
         assert await store.applied_seq() == 10  # read on this process's own connection
-        assert not await store.commit(state, fx, applied_seq=10)  # redelivered: no-op
+        assert not await commit(store, state, fx, applied_seq=10)  # redelivered: no-op
         assert await store.mark_published_through(10) == 1
         assert await store.mark_published_through(5) == 0
         assert await store.published_seq() == 10
@@ -125,7 +125,7 @@ async def test_a_dead_writer_is_a_store_error_every_time_after(tmp_path: Path) -
         assert store.writer_pid is not None
         os.kill(store.writer_pid, signal.SIGKILL)
         with pytest.raises(StoreError, match="writer process exited"):
-            await store.commit(state, fx, applied_seq=10)
+            await commit(store, state, fx, applied_seq=10)
         with pytest.raises(StoreError, match="writer process exited"):
             await store.mark_published_through(1)
         assert await store.applied_seq() == 0  # reads still work; nothing was written
@@ -137,7 +137,7 @@ async def test_a_cancelled_caller_leaves_the_writer_in_step(tmp_path: Path) -> N
     state = State()
     fx = fold_batch(state, MESSAGES[:10])
     async with await Store.open(tmp_path / "rc.db", writer_process=True) as store:
-        assert await store.commit(state, fx, applied_seq=10)
+        assert await commit(store, state, fx, applied_seq=10)
         for seq in range(1, 6):
             marking = asyncio.ensure_future(store.mark_published_through(seq))
             await asyncio.sleep(0)  # the request is on the pipe, its reply not read
@@ -145,7 +145,7 @@ async def test_a_cancelled_caller_leaves_the_writer_in_step(tmp_path: Path) -> N
             with pytest.raises(asyncio.CancelledError):
                 await marking
         fx = fold_batch(state, MESSAGES[10:20])
-        assert await store.commit(state, fx, applied_seq=20)
+        assert await commit(store, state, fx, applied_seq=20)
         assert await store.applied_seq() == 20
         assert await store.published_seq() == 5  # the cancelled marks completed
 
@@ -160,7 +160,7 @@ async def test_a_failed_transaction_is_replied_and_the_writer_goes_on(tmp_path: 
         with pytest.raises(StoreError, match="no such table: nowhere"):
             await writer.write(3, [("INSERT INTO nowhere VALUES (?)", [(1,)])])
         assert await store.applied_seq() == 0  # rolled back whole, position included
-        assert await store.commit(state, fx, applied_seq=10)
+        assert await commit(store, state, fx, applied_seq=10)
         assert await store.applied_seq() == 10
 
 
@@ -185,7 +185,7 @@ async def test_the_writer_ignores_ctrl_c(tmp_path: Path) -> None:
         os.kill(store.writer_pid, signal.SIGINT)
         os.kill(store.writer_pid, signal.SIGTERM)
         await asyncio.sleep(0.2)
-        assert await store.commit(state, fx, applied_seq=10)
+        assert await commit(store, state, fx, applied_seq=10)
 
 
 async def test_the_writer_does_not_outlive_a_killed_parent(tmp_path: Path) -> None:
@@ -226,7 +226,7 @@ async def test_the_writer_checkpoints_the_wal(tmp_path: Path) -> None:
     async with await Store.open(db, writer_process=True) as store:
         state = State()
         fx = fold_batch(state, MESSAGES)
-        assert await store.commit(state, fx, applied_seq=N)
+        assert await commit(store, state, fx, applied_seq=N)
         await asyncio.sleep(1.5)  # one checkpoint period
         # immutable: the database file alone, without the WAL: what was checkpointed
         with sqlite3.connect(f"file:{db}?immutable=1", uri=True) as probe:

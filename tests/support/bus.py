@@ -26,7 +26,7 @@ from nats.js.errors import KeyNotFoundError, NotFoundError, ServiceUnavailableEr
 
 from reconciler.bus.connection import ConnectOptions
 from reconciler.bus.streams import StreamNames, ensure_streams
-from reconciler.replica.runtime import Replica, RunConfig
+from reconciler.replica.replica import Replica, RunConfig
 from tests.support.builders import subject_of
 
 Item = tuple[str, dict[str, Any]]
@@ -324,3 +324,13 @@ async def leader_holder(js: Any, *, bucket: str = "rc_leader", within_s: float =
             except KeyNotFoundError:
                 pass
             await anyio.sleep(0.2)
+
+
+async def stream_with_inputs(nc: Client, count: int, *, prefix: str = "rc") -> BusClient:
+    """The streams of ``prefix``, and ``count`` inputs on the IN stream that only take
+    stream sequences (``<prefix>.in.cmd.x<i>``, ``{}``: dead letters if folded)."""
+    bus = BusClient(nc, prefix=prefix)
+    await bus.ensure_streams()
+    for i in range(count):
+        await bus.send_raw(f"{prefix}.in.cmd.x{i}", b"{}")
+    return bus

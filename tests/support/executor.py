@@ -29,7 +29,7 @@ from nats.js import api
 from reconciler.bus.connection import ConnectOptions
 from reconciler.bus.streams import StreamNames
 from reconciler.executor.executor import Executor, ExecutorConfig, consumer_name
-from reconciler.executor.store import ExecutorStore, FinishedCommand
+from reconciler.executor.records import ExecutorStore, FinishedCommand
 from reconciler.incus.client import IncusEndpoint
 from reconciler.incus.simulator import Fleet
 

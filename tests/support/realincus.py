@@ -1,4 +1,5 @@
-"""The tests' private, real Incus daemon (see :mod:`reconciler.cli.local_incus`).
+"""The tests' private, real Incus daemon (:mod:`reconciler.demo.local_incus`, which the
+demo runs on too), and what only the tests do with it.
 
 One daemon per test session (``real_incus_daemon`` in ``conftest.py``); tests that use it
 are marked ``@pytest.mark.real_incus`` and counted in the session's summary. Where it
@@ -11,9 +12,11 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import time
 from pathlib import Path
+from typing import Any
 
-from reconciler.cli.local_incus import (
+from reconciler.demo.local_incus import (
     IMAGE_ALIAS,
     LocalIncus,
     build_image,
@@ -26,10 +29,12 @@ __all__ = [
     "REQUIRE_ENV",
     "SLOW_IMAGE_ALIAS",
     "RealIncus",
+    "launch_ready",
     "required",
     "slow_image",
     "start_real_incus",
     "unavailable",
+    "wait_status",
 ]
 
 #: the test image with a file of zeros that makes Incus unpack it for seconds
@@ -40,6 +45,27 @@ REQUIRE_ENV = "RC_REQUIRE_REAL_INCUS"
 
 RealIncus = LocalIncus
 start_real_incus = start_local_incus
+
+
+def launch_ready(daemon: RealIncus, name: str, *, within_s: float = 15.0, **kw: Any) -> None:
+    """Launch ``name`` and wait until its guest said it is ready (status ``Ready``)."""
+    daemon.launch(name, **kw)
+    wait_status(daemon, name, "Ready", within_s=within_s)
+
+
+def wait_status(
+    daemon: RealIncus, name: str, status: str, *, project: str = "default", within_s: float = 15.0
+) -> None:
+    """Wait until instance ``name`` has ``status``; fail after ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while True:
+        found = daemon.query(f"/1.0/instances/{name}?project={project}")
+        assert isinstance(found, dict)
+        if found["status"] == status:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{name} is {found['status']}, not {status}, after {within_s} s")
+        time.sleep(0.05)
 
 
 def required() -> bool:

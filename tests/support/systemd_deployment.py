@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from reconciler.cli.local_incus import LocalIncus
+from reconciler.demo.local_incus import LocalIncus
 from tests.support.cluster import _free_ports
 from tests.support.repo import ROOT
 

@@ -26,7 +26,7 @@ from nats.js import JetStreamContext
 
 from reconciler.bus.connection import connect
 from reconciler.bus.sending import publish
-from reconciler.replica.replay import replay_into
+from reconciler.replay.replay import replay_into
 from reconciler.store.digest import state_digest
 from reconciler.store.sqlite import Store
 from tests.support.builders import subject_of

@@ -32,7 +32,7 @@ from nats.js import api
 from reconciler.bus.connection import ConnectOptions, ConnectRefused, connect
 from reconciler.bus.sending import publish
 from reconciler.bus.violations import PermissionViolation, guarded, watch_of
-from reconciler.replica.runtime import Replica, RunConfig, StartupError
+from reconciler.replica.replica import Replica, RunConfig, StartupError
 from tests.support import builders as b
 from tests.support.bus import running_replica
 from tests.support.cluster import Deployment, deployment, make_credentials

@@ -32,10 +32,10 @@ from nats.aio.client import Client
 
 from reconciler.bus.connection import ConnectOptions, connect
 from reconciler.bus.sending import publish
-from reconciler.cli.local_incus import start_local_incus
 from reconciler.cli.main import cli
 from reconciler.core.state import State
-from reconciler.replica.replay import ReplayReport, replay_into
+from reconciler.demo.local_incus import start_local_incus
+from reconciler.replay.replay import ReplayReport, replay_into
 from reconciler.store.digest import state_digest
 from reconciler.store.sqlite import Store
 from tests.support import builders as b

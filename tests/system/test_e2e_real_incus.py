@@ -30,7 +30,7 @@ from reconciler.bus.connection import ConnectOptions
 from reconciler.core.model import PoolName
 from reconciler.executor.executor import Executor, ExecutorConfig
 from reconciler.incus.client import IncusEndpoint, IncusHost
-from reconciler.replica.runtime import Replica
+from reconciler.replica.replica import Replica
 from reconciler.replica.verify import IncusPresence
 from tests.support import builders as b
 from tests.support.bus import BusClient, fast_config, running_replica
@@ -144,12 +144,12 @@ async def whole_system(
 
 
 def _has_host(replica: Replica) -> bool:
-    return replica.caches is not None and HOST in replica.caches.state.hosts
+    return replica.pipeline is not None and HOST in replica.pipeline.state.hosts
 
 
 def ready_warm(replica: Replica) -> int:
-    assert replica.caches is not None
-    return len(replica.caches.state.pool_ready.get(PoolName(POOL), ()))
+    assert replica.pipeline is not None
+    return len(replica.pipeline.state.pool_ready.get(PoolName(POOL), ()))
 
 
 async def until(what: str, check: Any, within_s: float = 40) -> None:
@@ -312,14 +312,14 @@ async def test_a_suspect_lease_whose_container_is_gone_is_released_by_the_verifi
         observations = await bus.wait_inputs(f"rc.in.host.{HOST}.observation", within_s=30)
         body = observations[0].json()
         assert (body["instance"], body["present"]) == ("ghost-1", False)
-        assert replica.caches is not None
+        assert replica.pipeline is not None
         await until(
             "released",
             lambda: (
-                replica.caches is not None
+                replica.pipeline is not None
                 and not any(
                     lease.instance == "ghost-1" and lease.active
-                    for lease in replica.caches.state.leases.values()
+                    for lease in replica.pipeline.state.leases.values()
                 )
             ),
         )

@@ -21,7 +21,7 @@ from reconciler.executor.executor import Executor, ExecutorConfig
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.simulator import Fleet
 from reconciler.incus.simulator.wire import StatusCode
-from reconciler.replica.runtime import Replica
+from reconciler.replica.replica import Replica
 from tests.support import builders as b
 from tests.support.bus import BusClient, fast_config, running_replica
 from tests.support.simfleet import endpoints, sim_fleet
@@ -91,8 +91,8 @@ async def system_on(
 
 
 def ready_warm(replica: Replica) -> int:
-    assert replica.caches is not None
-    return len(replica.caches.state.pool_ready.get(PoolName(POOL), ()))
+    assert replica.pipeline is not None
+    return len(replica.pipeline.state.pool_ready.get(PoolName(POOL), ()))
 
 
 async def until(what: str, check: Any, within_s: float = 20) -> None:

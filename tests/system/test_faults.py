@@ -18,7 +18,7 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
-from reconciler.replica.replay import replay_into
+from reconciler.replay.replay import replay_into
 from reconciler.store.digest import state_digest
 from reconciler.store.sqlite import Store
 from tests.support.bus import BusClient, fast_config, running_replica

@@ -21,7 +21,7 @@ from nats.aio.client import Client
 
 from reconciler.core.model import PoolName
 from reconciler.incus.simulator import Fleet
-from reconciler.replica.runtime import Replica
+from reconciler.replica.replica import Replica
 from tests.support import builders as b
 from tests.support.bus import BusClient
 from tests.support.garm import (
@@ -75,8 +75,8 @@ def instances(fleet: Fleet) -> dict[str, Any]:
 
 
 def ready(w: World, pool: str) -> int:
-    assert w.replica.caches is not None
-    return len(w.replica.caches.state.pool_ready.get(PoolName(pool), ()))
+    assert w.replica.pipeline is not None
+    return len(w.replica.pipeline.state.pool_ready.get(PoolName(pool), ()))
 
 
 async def leases(bus: BusClient, pool: str | None = None) -> list[dict[str, Any]]:
@@ -379,8 +379,8 @@ async def test_twenty_concurrent_creates_on_a_two_host_fleet(
         assert instances(w.fleet) == {}
         left = await leases(w.bus)
         assert left == [], left
-        assert w.replica.caches is not None
-        state = w.replica.caches.state
+        assert w.replica.pipeline is not None
+        state = w.replica.pipeline.state
         assert all(not le.active for le in state.leases.values())
         assert all(not booked or booked == [0, 0, 0] for booked in state.booked.values())
 

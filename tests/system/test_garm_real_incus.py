@@ -27,7 +27,7 @@ from reconciler.garm.bootstrap import LOG_PATH, Injection
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.errors import InstanceNotFound
 from reconciler.incus.views import InstanceSpec
-from reconciler.replica.runtime import Replica
+from reconciler.replica.replica import Replica
 from tests.support import builders as b
 from tests.support import cloud_init_standin
 from tests.support.bus import BusClient
@@ -77,8 +77,8 @@ def names(real_incus: RealIncus) -> set[str]:
 
 async def one_warm(real_incus: RealIncus, replica: Replica) -> str:
     """The name of the warm pool's one container, once it is ready."""
-    assert replica.caches is not None
-    state = replica.caches.state
+    assert replica.pipeline is not None
+    state = replica.pipeline.state
     await until(
         "a warm container is ready", lambda: bool(state.pool_ready.get(PoolName("real-warm"))), 60
     )

@@ -12,17 +12,18 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
-from reconciler.cli.audit import audit_lines
+from reconciler.cli.commands.audit import audit_lines
 from reconciler.core.fold import fold
 from reconciler.core.inputs import Message
 from reconciler.core.model import InstanceName
 from reconciler.core.state import Effects, State, is_reserved_cold
-from reconciler.replica.retention import abandon_request_id
+from reconciler.replica.reservation_reaper import abandon_request_id
 from reconciler.store.digest import state_digest
 from reconciler.store.sqlite import Store
 from reconciler.store.transactions import PRUNE_WINDOW
 from tests.support import builders as b
 from tests.support.bus import BusClient, fast_config, running_replica
+from tests.support.folding import commit
 
 T0 = 1_796_205_600  # 2026-12-02T10:00:00Z
 
@@ -50,7 +51,7 @@ async def churn(store: Store, state: State, *, pairs: int, every_s: int = 10) ->
         for item in (b.admit(f"r{n}", "p", f"i{n}"), b.cmd("release", f"x{n}", instance=f"i{n}")):
             seq += 1
             fold(state, at(n * every_s, seq, item), fx)
-        assert await store.commit(state, fx, applied_seq=seq)
+        assert await commit(store, state, fx, applied_seq=seq)
 
 
 async def a_store(db: Path, *, journal_retention_s: int | None) -> tuple[Store, State]:
@@ -59,7 +60,7 @@ async def a_store(db: Path, *, journal_retention_s: int | None) -> tuple[Store, 
     fx = Effects()
     fold(state, at(0, 1, b.snapshot("h1", cpu=8)), fx)
     fold(state, at(0, 2, b.pool("p", cpu=2, memory_mib=0, disk_gib=0)), fx)
-    assert await store.commit(state, fx, applied_seq=2)
+    assert await commit(store, state, fx, applied_seq=2)
     return store, state
 
 
@@ -111,7 +112,7 @@ async def test_a_backlog_is_pruned_a_window_per_batch(tmp_path: Path) -> None:
         fx = Effects()
         seq = state.applied_seq + 1
         fold(state, at(3600, seq, b.admit("late", "p", "late")), fx)
-        assert await store.commit(state, fx, applied_seq=seq)
+        assert await commit(store, state, fx, applied_seq=seq)
         _, rows = await store.journal_pruned()
     assert rows == PRUNE_WINDOW  # the first window only; the next batches take the rest
     assert state_digest(state) == state_digest(await _loaded(db))
@@ -163,8 +164,8 @@ async def test_a_cold_reservation_never_created_is_released_by_the_leader(
         assert (released["verb"], released["lease"]["state"]) == ("release", "released")
         await bus.send(b.admit("after", "p", "vm-3"))
         assert (await bus.decision("after"))["outcome"] == "admitted"  # capacity is back
-        assert replica.caches is not None
-        state = replica.caches.state
+        assert replica.pipeline is not None
+        state = replica.pipeline.state
         created = state.lease_of_instance("vm-2")
         assert created is not None and created.state.value == "created"  # not reaped
         reserved = {i for i, le in state.leases.items() if is_reserved_cold(le)}
@@ -203,7 +204,7 @@ async def test_a_store_call_cancelled_mid_request_leaves_the_writer_in_step(
         state = State()
         fx = Effects()
         fold(state, at(0, 1, b.snapshot("h1", cpu=8)), fx)
-        assert await store.commit(state, fx, applied_seq=1)
+        assert await commit(store, state, fx, applied_seq=1)
         with anyio.CancelScope() as scope:
             scope.cancel()  # cancelled before the request even starts its round trip
             await store.mark_published_through(1)
@@ -213,5 +214,5 @@ async def test_a_store_call_cancelled_mid_request_leaves_the_writer_in_step(
             tg.cancel_scope.cancel()  # cancelled while it waits for the reply
         fx = Effects()
         fold(state, at(1, 2, b.pool("p", cpu=2, memory_mib=0, disk_gib=0)), fx)
-        assert await store.commit(state, fx, applied_seq=2)
+        assert await commit(store, state, fx, applied_seq=2)
         assert await store.published_seq() == 1

@@ -59,7 +59,7 @@ def fold(state: State, message: ev.Message, fx: Effects | None = None) -> Effect
 
 def fold_input(state: State, seq: int, timestamp: str, item: ev.Input, fx: Effects) -> Effects:
     """:func:`fold` of a message given by its parts (sequence, stream time, input), for
-    a caller that has them apart: the caches fold each input they decode this way,
+    a caller that has them apart: the pipeline folds each input it decodes this way,
     without a :class:`~reconciler.core.inputs.Message` built for it."""
     if seq <= state.applied_seq:
         return fx

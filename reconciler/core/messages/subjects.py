@@ -77,7 +77,7 @@ DeadLetterReason = Literal["decode", "schema", "too-large", "domain"]
 DEAD_LETTER_REASONS: Final[tuple[DeadLetterReason, ...]] = get_args(DeadLetterReason)
 
 #: how the unprefixed subjects of decisions, executor commands and dead letters start
-#: (what the caches count and log by)
+#: (what the pipeline counts and logs by)
 DECISION_HEAD: Final = "out.decision."
 EXEC_HEAD: Final = "out.exec."
 DEAD_LETTER_HEAD: Final = "out.dlq."

@@ -132,7 +132,7 @@ def _url(work: Path) -> str:
 
 
 async def _record(url: str, work: Path) -> dict[str, int]:
-    from reconciler.cli.demo import run_demo
+    from reconciler.demo.simulated import run_demo
 
     db = work / "demo.db"
     summary = await run_demo(db, nats_url=url, echo=False)
@@ -144,7 +144,7 @@ async def _record(url: str, work: Path) -> dict[str, int]:
 async def _extra(url: str, db: Path) -> None:
     """The commands of :data:`EXTRA`, each until its output is on ``RC_OUT``."""
     from reconciler.bus.connection import ConnectOptions
-    from reconciler.replica.runtime import Replica, RunConfig
+    from reconciler.replica.replica import Replica, RunConfig
 
     replica = Replica(
         RunConfig(
@@ -185,7 +185,7 @@ async def _extra(url: str, db: Path) -> None:
 async def _finish(url: str) -> dict[str, int]:
     """Replay with the old code (nothing diverges), keep only the two streams, without
     consumers, and lift their ``max_age``."""
-    from reconciler.replica.replay import replay_into
+    from reconciler.replay.replay import replay_into
 
     nc = await nats.connect(url)
     try:
