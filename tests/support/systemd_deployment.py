@@ -350,14 +350,30 @@ def deploy(site: Site, inputs: Inputs) -> None:
         site.push(node, {"/etc/nats/node.env": node_env(ports, node).encode()}, mode=0o644)
         run(node, "nats-start")
 
+    def nats_diagnosis(node: str) -> str:
+        """What a node that is not ready says: its log without the healthcheck's own
+        lines (one every 0.3 s), and every node's routes and JetStream view."""
+        log = site.journal(node, "reconciler-nats", lines=400)
+        said = "\n".join(line for line in log.splitlines() if "Healthcheck failed" not in line)
+        views = []
+        for other in NODES:
+            for page in ("routez", "jsz"):
+                url = f"http://127.0.0.1:{ports.monitor[other]}/{page}"
+                try:
+                    with urllib.request.urlopen(url, timeout=2) as resp:
+                        views.append(f"{other} /{page}: {resp.read().decode()[:1500]}")
+                except OSError as exc:
+                    views.append(f"{other} /{page}: {exc!r}")
+        return said[-6000:] + "\n" + "\n".join(views)
+
     def nats_ready() -> None:
         site.parallel(nats_node, NODES)
         for node in NODES:
             site.wait_http(
                 f"http://127.0.0.1:{ports.monitor[node]}/healthz",
                 what=f"NATS node {node}",
-                within_s=60,
-                diagnose=lambda node=node: site.journal(node, "reconciler-nats"),  # type: ignore[misc]
+                within_s=90,  # a cluster's first meta-leader election, on a busy machine
+                diagnose=lambda node=node: nats_diagnosis(node),  # type: ignore[misc]
             )
 
     site.timed("NATS cluster", nats_ready)
