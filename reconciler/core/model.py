@@ -8,10 +8,20 @@ host name from being passed where a lease id is expected.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import NewType
 
 from reconciler.core.frozen import evolver, fast_init
+
+#: the metadata key of a field :data:`ADDED_LATER`
+OMITTED_AT_DEFAULT = "omitted_at_default"
+#: metadata of a field added to a stored entity after such entities were first stored
+#: (``field(default=None, metadata=ADDED_LATER)``): the store writes it only when it holds
+#: another value than its default, so an entity that never sets it keeps its encoding,
+#: and a state its digest (reconciler.store.codec)
+ADDED_LATER: Mapping[str, object] = MappingProxyType({OMITTED_AT_DEFAULT: True})
 
 HostName = NewType("HostName", str)
 PoolName = NewType("PoolName", str)
@@ -194,6 +204,9 @@ class Pool:
     seq: int = 0
     #: ``None``: the pool did not say (Incus's default, a VM); carried on creates only when set
     instance_type: InstanceType | None = None
+    #: how long its admissions wait for room when they do not say (``queue.wait_s``;
+    #: docs/queue.md); ``None``: they do not wait
+    queue_wait_s: int | None = field(default=None, metadata=ADDED_LATER)
 
 
 class MigMode(enum.StrEnum):
