@@ -110,6 +110,9 @@ class Host:
     #: ``foreign_pci`` resolved against the latest snapshot's GPUs
     foreign_gpus: frozenset[int] = frozenset()
     foreign_instances: tuple[str, ...] = ()
+    #: an operator's cordon on the bus (:data:`CORDONED` or :data:`DRAINING_HOST`):
+    #: nothing new is admitted here, whatever the snapshot says; ``None``: none
+    cordon: str | None = field(default=None, metadata=ADDED_LATER)
 
     @property
     def allocatable(self) -> Resources:
@@ -117,6 +120,17 @@ class Host:
 
     def gpu_by_pci(self) -> dict[str, Gpu]:
         return {g.pci_address: g for g in self.gpus}
+
+    @property
+    def admits(self) -> bool:
+        """Whether new leases may be placed here: its snapshot says schedulable and no
+        operator cordoned it (placement spells this out on its hot path)."""
+        return self.schedulable and self.cordon is None
+
+
+#: :attr:`Host.cordon` values: no new admissions; and also its idle warm VMs deleted
+CORDONED = "cordoned"
+DRAINING_HOST = "draining"
 
 
 class Placement(enum.StrEnum):
@@ -342,6 +356,9 @@ class Lease:
     runtime_gpu_revision: int = -1
     runtime_profile: str | None = None
     runtime_profile_revision: int = -1
+    #: what could not be done to its VM (a create Incus refused, a start that failed, a
+    #: delete that cannot be done), as its creator or the executor reported it
+    fault: str | None = field(default=None, metadata=ADDED_LATER)
 
     @property
     def active(self) -> bool:
@@ -396,6 +413,8 @@ class Lease:
             out["suspect"] = True
         if self.adopted:
             out["adopted"] = True
+        if self.fault is not None:
+            out["fault"] = self.fault
         return out
 
 

@@ -21,16 +21,26 @@ parsing them gives the message back.
 """
 
 from reconciler.core.messages.decisions import (
+    ITEM_CHANGES,
     PHASES,
     DecidedLease,
     Decision,
+    ItemChange,
+    ItemResult,
     Phase,
     Victim,
     decision_output,
     lease_payload,
     victim_payload,
 )
-from reconciler.core.messages.envelope import MAX_ERROR_CHARS, Output, clip, encode
+from reconciler.core.messages.envelope import (
+    MAX_ERROR_CHARS,
+    MAX_OUTPUT_BYTES,
+    MAX_PAYLOAD_BYTES,
+    Output,
+    clip,
+    encode,
+)
 from reconciler.core.messages.exec_commands import (
     DEFAULT_INSTANCE_TYPE,
     DELETE_REASONS,
@@ -116,7 +126,10 @@ __all__ = [
     "INPUT_KINDS",
     "INTERNAL",
     "INVALID",
+    "ITEM_CHANGES",
     "MAX_ERROR_CHARS",
+    "MAX_OUTPUT_BYTES",
+    "MAX_PAYLOAD_BYTES",
     "MSG_ID",
     "NOT_FOUND",
     "PHASES",
@@ -142,6 +155,8 @@ __all__ = [
     "ExecVerb",
     "GpuAssignment",
     "InputSubject",
+    "ItemChange",
+    "ItemResult",
     "MessageError",
     "Origin",
     "Output",
