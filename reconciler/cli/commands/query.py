@@ -25,12 +25,13 @@ from reconciler.cli.options import (
 )
 from reconciler.client import NoReplica, ReconcilerClient
 from reconciler.core.messages import MessageError, Origin, QueryReply
+from reconciler.core.queries import ADAPTER_QUERIES
 from reconciler.core.queries import QUERIES as CORE_QUERIES
 
 __all__ = ["QUERIES", "query_cmd"]
 
-#: every query the replicas answer: the core's, and ``health`` (answered by the adapter)
-QUERIES = tuple(sorted([*CORE_QUERIES, "health"]))
+#: every query the replicas answer: the core's, and those the replica answers itself
+QUERIES = tuple(sorted([*CORE_QUERIES, *ADAPTER_QUERIES]))
 
 
 @click.command("query", short_help="Ask the replicas a query and print the reply.")
