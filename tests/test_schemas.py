@@ -480,3 +480,28 @@ def test_builders_inputs_and_fold_outputs_match_the_schemas() -> None:
         "out/exec.create.json",
         "out/exec.delete.json",
     }
+
+
+def test_unknown_fields_are_found_at_every_depth_with_the_closest_name() -> None:
+    """How the command line refuses a typo (``SchemaSet.unknown_fields``), even in a
+    command whose schema lets extension fields through on the bus."""
+    pool = copy.deepcopy(doc("in/config.pool.json")["examples"][0])
+    pool["wram"] = pool.pop("warm")
+    pool["flavor"]["cpus"] = 2
+    pool["claims"] = [
+        {"name": "g", "class": "a", "parameters": {"gpu": {"count": 1, "modle": "x"}}}
+    ]
+    pool["host_selector"] = {"any-label": "is content, not a field"}
+    found = [str(u) for u in SCHEMAS.unknown_fields("in/config.pool.json", pool)]
+    assert sorted(found) == [
+        "claims/0/parameters/gpu: unknown field 'modle' (did you mean 'model'?)",
+        "flavor: unknown field 'cpus' (did you mean 'cpu'?)",
+        "unknown field 'wram' (did you mean 'warm'?)",
+    ]
+    admit = {**doc("in/cmd.admit.json")["examples"][0], "cpu": "4"}
+    assert [str(u) for u in SCHEMAS.unknown_fields("in/cmd.admit.json", admit)] == [
+        "unknown field 'cpu'"
+    ]
+    assert validator("in/cmd.admit.json").is_valid(admit)  # the bus would let it through
+    _, snapshot = b.snapshot("h1", labels={"zone": "a"}, gpus=[b.gpu(0)])
+    assert SCHEMAS.unknown_fields("in/host.snapshot.json", snapshot) == []

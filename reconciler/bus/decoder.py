@@ -229,6 +229,7 @@ class Decoder:
         found = [
             f"{'/'.join(str(p) for p in error.instance_path) or '(payload)'}: {error.message}"
             for error in validator.iter_errors(payload)
+            if not _is_unknown_field(error)  # SchemaSet.unknown_fields says it better
         ]
         if found:
             return found

@@ -7,9 +7,14 @@ fold's domain checks before it is published (through the producer's client,
 :mod:`reconciler.client`); nothing is sent when it is bad. Then the decisions on
 ``<prefix>.out.decision.<request_id>`` are printed until the final one.
 
-Exit status: 0 for ``admitted``, ``claimed``, ``authorized`` and ``ok``; 1 for a refusal
-(``rejected``, ``no-warm``, ``refused``, ``error``), bad input, an unreachable server or
-no final decision within ``--wait``; 2 for a usage error.
+A field the command's schema does not name (``cpu=4`` on ``admit``, a typo) is refused
+before anything is published, with the field it is closest to: the bus would carry it
+and the fold ignore it.
+
+Exit status: 0 for ``admitted``, ``claimed``, ``authorized``, ``applied`` and ``ok``; 1
+for a refusal (``rejected``, ``no-warm``, ``refused``, ``error``), bad input, an
+unreachable server or no final decision within ``--wait`` (no replica answered); 2 for
+a usage error.
 """
 
 from __future__ import annotations
@@ -31,10 +36,10 @@ from reconciler.cli.options import (
 from reconciler.client import NoDecision, NoStream, ReconcilerClient
 from reconciler.core.messages import COMMAND_VERBS, Decision, Origin
 
-__all__ = ["SUCCESS", "VERBS", "describe_decision", "parse_body", "send_cmd"]
+__all__ = ["SUCCESS", "VERBS", "describe_decision", "parse_body", "send_and_print", "send_cmd"]
 
 VERBS = tuple(sorted(COMMAND_VERBS))
-SUCCESS = frozenset({"admitted", "claimed", "authorized", "ok"})
+SUCCESS = frozenset({"admitted", "claimed", "authorized", "applied", "ok"})
 
 
 def parse_body(body_json: str | None, pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -124,7 +129,7 @@ def send_cmd(
             f"not a valid {verb} command, nothing published:\n  " + "\n  ".join(problems)
         )
     final = anyio.run(
-        lambda: _send(common.nats, common.prefix, verb, body, wait, raw, connect_timeout)
+        lambda: send_and_print(common.nats, common.prefix, verb, body, wait, raw, connect_timeout)
     )
     if final is None:
         return
@@ -132,10 +137,13 @@ def send_cmd(
         raise SystemExit(1)
 
 
-async def _send(
+async def send_and_print(
     nats: Any, prefix: str, verb: str, body: dict[str, Any], wait: float, raw: bool,
     connect_timeout: float,
 ) -> Decision | None:  # fmt: skip
+    """Publish the command ``body`` as ``verb`` and print its decisions until the final
+    one (``None`` with ``wait`` 0: not waited for); a :class:`click.ClickException` when
+    no final decision comes within ``wait``."""
     request_id = str(body["request_id"])
     nc = await connect_once(nats, connect_timeout)
     try:
