@@ -20,6 +20,7 @@ from reconciler.cli.options import (
     bus_options,
     common_from,
     connect_timeout_option,
+    decision_wait_option,
     oneshot_log_options,
 )
 
@@ -31,13 +32,7 @@ def host_command(verb: str, *, short_help: str, help_text: str) -> click.Command
 
     @click.command(verb, short_help=short_help, help=help_text)
     @click.argument("host")
-    @click.option(
-        "--wait",
-        type=click.FloatRange(min=0),
-        default=30.0,
-        show_default=True,
-        help="Seconds to wait for the fold's decision (0: publish only, do not wait).",
-    )
+    @decision_wait_option
     @bus_options
     @connect_timeout_option
     @oneshot_log_options

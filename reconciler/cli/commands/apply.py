@@ -31,6 +31,7 @@ from reconciler.cli.options import (
     bus_options,
     common_from,
     connect_timeout_option,
+    decision_wait_option,
     oneshot_log_options,
 )
 from reconciler.client import NoDecision, NoReplica, NoStream, QueryFailed, ReconcilerClient
@@ -41,13 +42,7 @@ __all__ = ["apply_cmd", "check", "describe_check", "item_lines", "print_check", 
 
 @click.command("apply", short_help="Apply pools, classes, GPU settings from a file, whole.")
 @click.argument("file", type=click.File("rb"))
-@click.option(
-    "--wait",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    show_default=True,
-    help="Seconds to wait for the fold's decision (0: publish only, do not wait).",
-)
+@decision_wait_option
 @click.option(
     "--dry-run",
     is_flag=True,

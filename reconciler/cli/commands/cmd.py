@@ -31,6 +31,7 @@ from reconciler.cli.options import (
     bus_options,
     common_from,
     connect_timeout_option,
+    decision_wait_option,
     oneshot_log_options,
 )
 from reconciler.client import NoDecision, NoStream, ReconcilerClient
@@ -97,13 +98,7 @@ def describe_decision(d: dict[str, Any]) -> str:
 @click.argument("verb", type=click.Choice(VERBS))
 @click.argument("pairs", nargs=-1, metavar="[key=value | key:=JSON]...")
 @click.option("--json", "body_json", metavar="BODY", help="The command as one JSON object.")
-@click.option(
-    "--wait",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    show_default=True,
-    help="Seconds to wait for the final decision (0: publish only, do not wait).",
-)
+@decision_wait_option
 @click.option("--raw", is_flag=True, help="Print each decision as the JSON that travelled.")
 @bus_options
 @connect_timeout_option

@@ -19,13 +19,14 @@ import anyio
 import click
 
 from reconciler.cli.commands.apply import publish_change
-from reconciler.cli.config_file import ConfigChange
 from reconciler.cli.commands.get import CONFIG_KIND_ARGUMENT
+from reconciler.cli.config_file import ConfigChange
 from reconciler.cli.oneshot import connect_once
 from reconciler.cli.options import (
     bus_options,
     common_from,
     connect_timeout_option,
+    decision_wait_option,
     oneshot_log_options,
 )
 from reconciler.client import ReconcilerClient
@@ -38,13 +39,7 @@ __all__ = ["delete_cmd"]
 @click.command("delete", short_help="Delete a pool, class, GPU profile or GPU policy.")
 @click.argument("kind", type=CONFIG_KIND_ARGUMENT)
 @click.argument("name")
-@click.option(
-    "--wait",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    show_default=True,
-    help="Seconds to wait for the fold's decision (0: publish only, do not wait).",
-)
+@decision_wait_option
 @bus_options
 @connect_timeout_option
 @oneshot_log_options

@@ -27,6 +27,7 @@ from reconciler.cli.options import (
     common_from,
     connect_timeout_option,
     oneshot_log_options,
+    reply_timeout_option,
 )
 from reconciler.client import ReconcilerClient
 from reconciler.core.messages import Origin
@@ -45,13 +46,7 @@ class DiffTrouble(click.ClickException):
 @click.command("diff", short_help="Show what `apply FILE` would change.")
 @click.argument("file", type=click.File("rb"))
 @click.option("--all", "show_all", is_flag=True, help="List unchanged items too.")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=10.0,
-    show_default=True,
-    help="Seconds to wait for a synced replica's answer.",
-)
+@reply_timeout_option(10.0)
 @bus_options
 @connect_timeout_option
 @oneshot_log_options

@@ -25,6 +25,7 @@ from reconciler.cli.options import (
     common_from,
     connect_timeout_option,
     oneshot_log_options,
+    reply_timeout_option,
 )
 from reconciler.client import NoReplica, QueryFailed, ReconcilerClient
 from reconciler.core.configs import KIND_OF_PLURAL
@@ -40,13 +41,7 @@ CONFIG_KIND_ARGUMENT = click.Choice(sorted(KIND_OF_PLURAL))
 @click.argument("kind", type=CONFIG_KIND_ARGUMENT)
 @click.argument("name", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of YAML.")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=10.0,
-    show_default=True,
-    help="Seconds to wait for a synced replica's answer.",
-)
+@reply_timeout_option(10.0)
 @bus_options
 @connect_timeout_option
 @oneshot_log_options
