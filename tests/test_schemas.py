@@ -20,7 +20,9 @@ import orjson
 import pytest
 
 from reconciler.bus.schemas import BASE_URI, SchemaLoadError, input_schema_path, load, schemas_dir
-from reconciler.core.inputs import KINDS, DomainError, PoolConfig, from_payload
+from reconciler.core.configs import CONFIG_KINDS
+from reconciler.core.inputs import CONFIG_NAME_FIELDS, KINDS, DomainError, PoolConfig, from_payload
+from reconciler.core.messages import CONFIG_KINDS as SUBJECT_KINDS
 from reconciler.core.state import Effects
 from tests.support import builders as b
 from tests.support.repo import ROOT as REPO
@@ -505,3 +507,16 @@ def test_unknown_fields_are_found_at_every_depth_with_the_closest_name() -> None
     assert validator("in/cmd.admit.json").is_valid(admit)  # the bus would let it through
     _, snapshot = b.snapshot("h1", labels={"zone": "a"}, gpus=[b.gpu(0)])
     assert SCHEMAS.unknown_fields("in/host.snapshot.json", snapshot) == []
+
+
+def test_every_config_kind_is_the_same_in_every_table() -> None:
+    """A new kind of config (tenants) is added in one table each: the config kinds of
+    the core (reconciler.core.configs), the subjects' kinds, the typed inputs' name
+    fields, and the schemas' enums."""
+    kinds = list(CONFIG_KINDS)
+    assert list(SUBJECT_KINDS) == kinds == list(CONFIG_NAME_FIELDS)
+    assert SCHEMAS.documents["defs.json"]["$defs"]["config-kind"]["enum"] == kinds
+    assert doc("out/config.rejected.json")["properties"]["kind"]["enum"] == kinds
+    for kind, spec in CONFIG_KINDS.items():
+        document = doc(f"in/config.{kind}.json")
+        assert spec.name_field in document["required"]

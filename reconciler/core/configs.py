@@ -14,8 +14,10 @@ Everything that handles config by its kind goes through :data:`CONFIG_KINDS`:
 - the payload an entity is shown as (``payload``): what ``reconciler get`` prints and
   ``apply`` accepts back, and what ``diff`` compares, field by field.
 
-A new kind (tenants) is one more :class:`ConfigKind` here, plus its input type and
-schema. Pure: no I/O.
+A new kind (tenants) is one more :class:`ConfigKind` here, with its typed input, its
+builder and name field in :mod:`reconciler.core.inputs`, its fold handler, and its
+schema (``in/config.<kind>.json``, and the ``config-kind`` enum of ``defs.json``; a test
+keeps them the same as this table). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -78,8 +80,6 @@ class ConfigKind:
     kind: str
     #: as ``reconciler get`` names it (``pools``)
     plural: str
-    #: the payload field holding the item's name
-    name_field: str
     #: the typed input of the kind
     input_type: type
     #: the state's table of the kind
@@ -94,6 +94,11 @@ class ConfigKind:
     payload: Callable[[Any], dict[str, Any]]
     #: what uses the named item in a config view (deleting it is refused while any does)
     users: Callable[[ConfigView, str], list[str]]
+
+    @property
+    def name_field(self) -> str:
+        """The payload field holding the item's name (the typed inputs' own table)."""
+        return ev.CONFIG_NAME_FIELDS[self.kind]
 
 
 # -------------------------------------------------------------------------- checks
@@ -298,7 +303,6 @@ CONFIG_KINDS: Final[dict[str, ConfigKind]] = {
         ConfigKind(
             kind="pool",
             plural="pools",
-            name_field="pool",
             input_type=ev.PoolConfig,
             table=lambda state: state.pools,
             touch=_touch_pool,
@@ -310,7 +314,6 @@ CONFIG_KINDS: Final[dict[str, ConfigKind]] = {
         ConfigKind(
             kind="class",
             plural="classes",
-            name_field="class",
             input_type=ev.ClassConfig,
             table=lambda state: state.classes,
             touch=lambda fx, name: fx.classes.add(ClassName(name)),
@@ -322,7 +325,6 @@ CONFIG_KINDS: Final[dict[str, ConfigKind]] = {
         ConfigKind(
             kind="gpu-profile",
             plural="gpu-profiles",
-            name_field="name",
             input_type=ev.GpuProfileConfig,
             table=lambda state: state.profiles,
             touch=lambda fx, name: fx.profiles.add(name),
@@ -334,7 +336,6 @@ CONFIG_KINDS: Final[dict[str, ConfigKind]] = {
         ConfigKind(
             kind="gpu-policy",
             plural="gpu-policies",
-            name_field="name",
             input_type=ev.GpuPolicyConfig,
             table=lambda state: state.policies,
             touch=lambda fx, name: fx.policies.add(name),
