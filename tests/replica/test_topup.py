@@ -127,7 +127,7 @@ def test_a_pool_whose_warm_vms_fail_to_be_created_backs_off_longer_each_time() -
     fleet = Fleet()
     fleet.send(snapshot("h1", cpu=16), pool("web", cpu=4, min_ready=1, max_ready=1))
     warm = WarmPoolReconciler(
-        caches=cast(Caches, _Caches(fleet.state)), js=cast(Any, None), prefix="rc", clock=clock
+        pipeline=cast(Pipeline, _Caches(fleet.state)), js=cast(Any, None), prefix="rc", clock=clock
     )
     waits = []
     for attempt in range(4):

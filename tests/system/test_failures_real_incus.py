@@ -68,8 +68,8 @@ async def test_a_create_the_real_daemon_refuses_releases_the_lease_and_garm_sees
         admitted, failed = lease["history"]
         assert admitted["to_state"] == "reserved"
         assert (failed["event"], failed["to_state"]) == ("create-failed", "released")
-        assert replica.caches is not None
-        assert replica.caches.state.booked.get(HostName(HOST), [0, 0, 0]) == [0, 0, 0]
+        assert replica.pipeline is not None
+        assert replica.pipeline.state.booked.get(HostName(HOST), [0, 0, 0]) == [0, 0, 0]
 
         got = await garm.get("garm-bad-1")
         show("GARM GetInstance garm-bad-1", f"exit {got.code}\n{got.text}")
@@ -105,8 +105,8 @@ async def test_a_warm_pool_whose_creates_the_real_daemon_refuses_backs_off(
         show("the executor's failure inputs", "\n".join(r.data.decode() for r in reports[:3]))
         assert {r.json()["action"] for r in reports} == {"create"}
         assert all("no-such-profile" in r.json()["error"] for r in reports)
-        assert replica.caches is not None
-        state = replica.caches.state
+        assert replica.pipeline is not None
+        state = replica.pipeline.state
         released = [state.leases[lid] for lid in (r.json()["lease_id"] for r in reports[:3])]
         assert all(le.state.value == "released" and le.fault for le in released)
         await until(
