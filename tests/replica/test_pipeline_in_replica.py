@@ -116,6 +116,18 @@ async def test_a_fold_bug_dead_letters_that_input_and_the_line_goes_on(
         assert state_digest(await reopened.load_state()) == live
 
 
+def lenient_pool_schemas(tmp_path: Path) -> Path:
+    """A copy of the schemas whose pool image has no bound (the bound keeps every create
+    command of a schema-valid pool small enough for the bus)."""
+    schemas = tmp_path / "schemas"
+    shutil.copytree(str(schemas_dir()), schemas)
+    pool_schema = schemas / "in" / "config.pool.json"
+    document = orjson.loads(pool_schema.read_bytes())
+    del document["properties"]["image"]["maxLength"]
+    pool_schema.write_bytes(orjson.dumps(document))
+    return schemas
+
+
 async def test_an_input_whose_output_would_be_too_large_is_dead_lettered_too_large(
     nc: Client, nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -123,13 +135,7 @@ async def test_an_input_whose_output_would_be_too_large_is_dead_lettered_too_lar
     dropped, the input dead-lettered ``too-large``, and the next input decided. The
     schemas' bounds keep such outputs from schema-valid inputs; here the bound on a
     pool's image is lifted so that a warm VM's create command passes the bus's."""
-    schemas = tmp_path / "schemas"
-    shutil.copytree(schemas_dir(), schemas)  # type: ignore[arg-type]
-    pool_schema = schemas / "in" / "config.pool.json"
-    document = orjson.loads(pool_schema.read_bytes())
-    del document["properties"]["image"]["maxLength"]
-    pool_schema.write_bytes(orjson.dumps(document))
-    monkeypatch.setenv(SCHEMAS_DIR_ENV, str(schemas))
+    monkeypatch.setenv(SCHEMAS_DIR_ENV, str(lenient_pool_schemas(tmp_path)))
     kind, huge = b.pool("huge", min_ready=0, max_ready=1)
     huge["image"] = "i" * (MAX_OUTPUT_BYTES + 1_000)  # the input fits, its create does not
     assert len(orjson.dumps(huge)) <= MAX_PAYLOAD_BYTES
