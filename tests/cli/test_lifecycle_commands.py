@@ -205,7 +205,7 @@ def test_apply_and_cmd_fail_when_no_replica_answers(nats_url: str, tmp_path: Pat
     assert code == 1 and "no decision for apply-" in err and "within 1 s" in err
     code, _, err = shown("no replica", "apply", "--dry-run", str(pools), "--wait", "0",
                          url=nats_url)  # fmt: skip
-    assert code == 1 and "the fold's checks need a synced replica" in err
+    assert code == 1 and "(the fold's checks need a synced replica; nothing was published)" in err
     code, _, err = shown("no replica", "cmd", "release", "instance=vm-1", "--wait", "1",
                          url=nats_url)  # fmt: skip
     assert code == 1 and "no final decision" in err

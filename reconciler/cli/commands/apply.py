@@ -113,7 +113,7 @@ async def check(client: ReconcilerClient, change: ConfigChange, *, within_s: flo
         return await client.query("config-check", change.body(), within_s=within_s)
     except NoReplica as exc:
         raise click.ClickException(
-            f"{exc}; the fold's checks need a synced replica (nothing was published)"
+            f"{exc} (the fold's checks need a synced replica; nothing was published)"
         ) from None
     except QueryFailed as exc:
         raise click.ClickException(str(exc)) from None

@@ -70,7 +70,7 @@ def diff_cmd(
     change = ConfigChange(items=tuple(items))
     try:
         result = anyio.run(
-            lambda: _check(common.nats, common.prefix, change, timeout, connect_timeout)
+            lambda: _check(common.nats, common.prefix, change, timeout, connect_timeout, source)
         )
     except click.ClickException as exc:
         raise DiffTrouble(exc.message) from None
@@ -92,13 +92,14 @@ def diff_cmd(
 
 
 async def _check(
-    nats: Any, prefix: str, change: ConfigChange, reply_s: float, connect_timeout: float
-) -> Any:
+    nats: Any, prefix: str, change: ConfigChange, reply_s: float, connect_timeout: float,
+    source: str,
+) -> Any:  # fmt: skip
     nc = await connect_once(nats, connect_timeout)
     try:
         sizes = change.size_problems(max_payload=nc.max_payload, request_id="config-check")
         if sizes:
-            raise click.ClickException("\n  ".join(sizes))
+            raise click.ClickException(f"{source}: " + "\n  ".join(sizes))
         client = ReconcilerClient(nc, prefix=prefix, origin=Origin.CLI)
         return await check(client, change, within_s=reply_s)
     finally:
