@@ -18,6 +18,9 @@ Rules:
   ``pending`` decisions (a preemption waiting for its victims) for the final one; the
   whole wait is bounded, and a missing final decision is :class:`NoDecision`, never a
   guess.
+- A producer that creates instances itself (GARM's provider) reports a create or start
+  that failed for good with :meth:`ReconcilerClient.report_failure`, as the executor
+  does: the lease is released at once, with the error as its fault.
 - :meth:`ReconcilerClient.ask` asks a query once; :meth:`ReconcilerClient.query` asks
   until a replica with synced caches answers, within a bound (:class:`NoReplica` then),
   and turns ``not-found`` into ``None`` and any other error into :class:`QueryFailed`.
@@ -57,8 +60,10 @@ from reconciler.core.messages import (
     MessageError,
     Origin,
     QueryReply,
+    clip,
     command_msg_id,
     config_msg_id,
+    failure_msg_id,
 )
 
 __all__ = [
@@ -233,6 +238,34 @@ class ReconcilerClient:
             self.subjects.command(verb),
             orjson.dumps(payload),
             msg_id=command_msg_id(self.origin, str(payload["request_id"])),
+        )
+
+    async def report_failure(
+        self,
+        *,
+        host: str,
+        instance: str,
+        project: str,
+        lease_id: str,
+        action: str,
+        error: str,
+    ) -> Published:
+        """Report what could not be done to a lease's instance, for good (``action``:
+        ``create``, ``start`` or ``delete``), as the host's ``failure`` input: the fold
+        releases a lease whose create or start failed, with the error as its fault."""
+        payload = {
+            "v": 1,
+            "host": host,
+            "instance": instance,
+            "project": project,
+            "lease_id": lease_id,
+            "action": action,
+            "error": clip(error) or "failed",
+        }
+        return await self.publish_input(
+            self.subjects.host_input(host, "failure"),
+            orjson.dumps(payload),
+            msg_id=failure_msg_id(lease_id, action),
         )
 
     async def publish_config(self, kind: str, name: str, payload: dict[str, Any]) -> Published:

@@ -20,7 +20,9 @@ import orjson
 import pytest
 
 from reconciler.bus.schemas import BASE_URI, SchemaLoadError, input_schema_path, load, schemas_dir
-from reconciler.core.inputs import KINDS, DomainError, PoolConfig, from_payload
+from reconciler.core.configs import CONFIG_KINDS
+from reconciler.core.inputs import CONFIG_NAME_FIELDS, KINDS, DomainError, PoolConfig, from_payload
+from reconciler.core.messages import CONFIG_KINDS as SUBJECT_KINDS
 from reconciler.core.state import Effects
 from tests.support import builders as b
 from tests.support.repo import ROOT as REPO
@@ -86,6 +88,8 @@ def test_every_message_of_the_contract_has_a_schema() -> None:
         "unsuitable-hosts",
         "health",
         "pool",
+        "config",
+        "config-check",
     ]
     expected = {
         "defs.json",
@@ -106,11 +110,17 @@ def test_each_schema_is_valid_draft_2020_12(relpath: str) -> None:
     assert document.get("title") and document.get("description")
 
 
+#: config is refused by name for a field its schema does not name (docs/interface.md)
+STRICT = {input_schema_path(kind) for kind in KINDS if kind.startswith("config.")}
+
+
 @pytest.mark.parametrize("relpath", MESSAGES)
 def test_each_message_schema_allows_unknown_fields_and_has_examples(relpath: str) -> None:
+    """Every message may carry fields its schema does not name (extensions), except
+    config, where such a field is refused: a typo is never silently ignored."""
     document = doc(relpath)
     if document["type"] == "object":
-        assert document["additionalProperties"] is True
+        assert document["additionalProperties"] is (relpath not in STRICT)
     invalid = document["x-invalid-examples"]
     assert all(set(item) == {"payload", "why"} and item["why"] for item in invalid)
     assert len(document["examples"]) >= 2
@@ -472,3 +482,41 @@ def test_builders_inputs_and_fold_outputs_match_the_schemas() -> None:
         "out/exec.create.json",
         "out/exec.delete.json",
     }
+
+
+def test_unknown_fields_are_found_at_every_depth_with_the_closest_name() -> None:
+    """How the command line refuses a typo (``SchemaSet.unknown_fields``), even in a
+    command whose schema lets extension fields through on the bus."""
+    pool = copy.deepcopy(doc("in/config.pool.json")["examples"][0])
+    pool["wram"] = pool.pop("warm")
+    pool["flavor"]["cpus"] = 2
+    pool["claims"] = [
+        {"name": "g", "class": "a", "parameters": {"gpu": {"count": 1, "modle": "x"}}}
+    ]
+    pool["host_selector"] = {"any-label": "is content, not a field"}
+    found = [str(u) for u in SCHEMAS.unknown_fields("in/config.pool.json", pool)]
+    assert sorted(found) == [
+        "claims/0/parameters/gpu: unknown field 'modle' (did you mean 'model'?)",
+        "flavor: unknown field 'cpus' (did you mean 'cpu'?)",
+        "unknown field 'wram' (did you mean 'warm'?)",
+    ]
+    admit = {**doc("in/cmd.admit.json")["examples"][0], "cpu": "4"}
+    assert [str(u) for u in SCHEMAS.unknown_fields("in/cmd.admit.json", admit)] == [
+        "unknown field 'cpu'"
+    ]
+    assert validator("in/cmd.admit.json").is_valid(admit)  # the bus would let it through
+    _, snapshot = b.snapshot("h1", labels={"zone": "a"}, gpus=[b.gpu(0)])
+    assert SCHEMAS.unknown_fields("in/host.snapshot.json", snapshot) == []
+
+
+def test_every_config_kind_is_the_same_in_every_table() -> None:
+    """A new kind of config (tenants) is added in one table each: the config kinds of
+    the core (reconciler.core.configs), the subjects' kinds, the typed inputs' name
+    fields, and the schemas' enums."""
+    kinds = list(CONFIG_KINDS)
+    assert list(SUBJECT_KINDS) == kinds == list(CONFIG_NAME_FIELDS)
+    assert SCHEMAS.documents["defs.json"]["$defs"]["config-kind"]["enum"] == kinds
+    assert doc("out/config.rejected.json")["properties"]["kind"]["enum"] == kinds
+    for kind, spec in CONFIG_KINDS.items():
+        document = doc(f"in/config.{kind}.json")
+        assert spec.name_field in document["required"]

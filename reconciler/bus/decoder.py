@@ -15,6 +15,13 @@ Rules:
   4. ``domain``: :func:`reconciler.core.inputs.from_payload` refused it (a subject token
      that disagrees with the payload, a repeated GPU index…).
 
+- Config is refused by name, not dead-lettered, where it is only its content that is
+  wrong: a config input (``in.config.<kind>.<name>``) whose only schema errors are fields
+  its schema does not name decodes to a :class:`~reconciler.core.inputs.RefusedConfig`,
+  which the fold rejects on ``out.config.rejected.<kind>.<name>``; each item of an
+  ``apply-config`` command is checked against its own kind's schema, and an item that
+  fails it is carried with its error, so that the fold refuses the change naming it.
+
 - A :class:`Decoder` compiles the validators of one schema directory when it is made; a
   missing or broken schema directory raises
   :class:`~reconciler.bus.schemas.SchemaLoadError` — a deployment error, never bad input.
@@ -27,16 +34,25 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import jsonschema_rs
 import orjson
 
 from reconciler.bus.schemas import SchemaSet, input_schema_path, load
 from reconciler.core.frozen import fast_init
-from reconciler.core.inputs import KINDS, DomainError, Input, from_payload
+from reconciler.core.inputs import (
+    CONFIG_NAME_FIELDS,
+    KINDS,
+    DomainError,
+    Input,
+    RefusedConfig,
+    apply_config,
+    from_payload,
+)
 from reconciler.core.messages import (
     DEFAULT_PREFIX,
+    MAX_PAYLOAD_BYTES,
     DeadLetter,
     DeadLetterReason,
     Output,
@@ -53,11 +69,11 @@ __all__ = [
     "dead_letter_output",
 ]
 
-MAX_PAYLOAD_BYTES: Final = 1_048_576
-
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _JSON_TYPE = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 _ROUTE_CACHE_MAX = 16_384
+_CONFIG_KINDS = frozenset(k for k in KINDS if k.startswith("config."))
+_APPLY_CONFIG = "cmd.apply-config"
 
 
 @fast_init
@@ -91,8 +107,22 @@ def _field_path(parts: list[str | int]) -> str:
     return "".join(out)
 
 
+_UNKNOWN_FIELD = (
+    jsonschema_rs.ValidationErrorKind.AdditionalProperties,
+    jsonschema_rs.ValidationErrorKind.UnevaluatedProperties,
+)
+
+
+def _is_unknown_field(exc: jsonschema_rs.ValidationError) -> bool:
+    return isinstance(exc.kind, _UNKNOWN_FIELD)
+
+
 def _schema_error(exc: jsonschema_rs.ValidationError) -> str:
     path = _field_path(exc.instance_path)
+    if _is_unknown_field(exc):
+        names = ", ".join(repr(n) for n in getattr(exc.kind, "unexpected", ()))
+        where = f" in {path}" if path else ""
+        return _clip(f"unknown field {names}{where}: the schema names no such field")
     return _clip(f"{path}: {exc.message}" if path else exc.message)
 
 
@@ -139,13 +169,54 @@ class Decoder:
         try:
             validator.validate(payload)
         except jsonschema_rs.ValidationError as exc:
+            if kind in _CONFIG_KINDS:
+                return self._refused_config(kind, payload, token, validator, exc)
             return BadInput("schema", _schema_error(exc))
         except Exception as exc:  # a validator failure is still only this message's problem
             return BadInput("schema", _clip(f"cannot validate: {type(exc).__name__}: {exc}"))
+        if kind == _APPLY_CONFIG:
+            return self._apply_config(payload)
         built = _typed(kind, payload, token)
         if isinstance(built, str):
             return BadInput("domain", built)
         return Decoded(kind, built)
+
+    def _refused_config(
+        self,
+        kind: str,
+        payload: dict[str, Any],
+        token: str | None,
+        validator: jsonschema_rs.Validator,
+        first: jsonschema_rs.ValidationError,
+    ) -> Decoded | BadInput:
+        """A config input that failed its schema: refused by name when its only errors
+        are unknown fields (and its subject agrees with it), else dead-lettered."""
+        errors = list(validator.iter_errors(payload))
+        if not errors or not all(_is_unknown_field(e) for e in errors):
+            return BadInput("schema", _schema_error(first))
+        word = kind.removeprefix("config.")
+        named = payload.get(CONFIG_NAME_FIELDS[word])
+        if token is None or named != token:
+            return BadInput("domain", f"subject names {token!r} but payload field names {named!r}")
+        error = "; ".join(_schema_error(e) for e in errors)
+        return Decoded(kind, RefusedConfig(word, token, _clip(f"{word} {token!r}: {error}")))
+
+    def item_errors(self, payload: dict[str, Any]) -> dict[int, str]:
+        """The items of an ``apply-config`` payload (its envelope valid) that fail their
+        own kind's schema, by index, with the sentence that says why."""
+        found: dict[int, str] = {}
+        for index, item in enumerate(payload.get("items") or ()):
+            validator = self._validators[f"config.{item['kind']}"]
+            errors = list(validator.iter_errors(item["payload"]))
+            if errors:
+                found[index] = _clip("; ".join(_schema_error(e) for e in errors[:4]))
+        return found
+
+    def _apply_config(self, payload: dict[str, Any]) -> Decoded | BadInput:
+        try:
+            return Decoded(_APPLY_CONFIG, apply_config(payload, self.item_errors(payload)))
+        except Exception as exc:  # bad input never stops the line
+            return BadInput("domain", _clip(f"{_APPLY_CONFIG}: {type(exc).__name__}: {exc}"))
 
     def problems(self, kind: str, payload: Any, *, subject_token: str | None = None) -> list[str]:
         """Every reason ``payload`` is not a valid input of ``kind`` (none: it is one),
@@ -158,9 +229,17 @@ class Decoder:
         found = [
             f"{'/'.join(str(p) for p in error.instance_path) or '(payload)'}: {error.message}"
             for error in validator.iter_errors(payload)
+            if not _is_unknown_field(error)  # SchemaSet.unknown_fields says it better
         ]
         if found:
             return found
+        if kind == _APPLY_CONFIG:
+            change = apply_config(payload, self.item_errors(payload))
+            return [
+                f"items/{index} ({item.kind} {item.name!r}): {item.error}"
+                for index, item in enumerate(change.items)
+                if item.error is not None
+            ]
         built = _typed(kind, payload, subject_token)
         return [built] if isinstance(built, str) else []
 

@@ -13,10 +13,15 @@ Rules:
   ``reconciler.core.inputs.KINDS``) is ``in/<k>.json``.
 - A missing or broken schema is a deployment error: :class:`SchemaLoadError`, raised when the
   schemas are loaded — never mistaken for bad input.
+- :meth:`SchemaSet.unknown_fields` finds the fields of a payload its schema does not name,
+  at every depth where the schema names an object's fields, each with the closest name
+  the schema knows: how the command line refuses a typo before publishing, where the
+  bus would ignore it (commands may carry extension fields).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +38,7 @@ __all__ = [
     "SCHEMAS_DIR_ENV",
     "SchemaLoadError",
     "SchemaSet",
+    "UnknownField",
     "input_schema_path",
     "load",
     "schemas_dir",
@@ -61,6 +67,22 @@ def input_schema_path(kind: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class UnknownField:
+    """A field a payload has and its schema does not name."""
+
+    #: where: the object's path (``flavor``, ``claims/0/parameters``), ``""`` at the top
+    path: str
+    name: str
+    #: the closest name the schema knows there, if any is close
+    suggestion: str | None
+
+    def __str__(self) -> str:
+        where = f"{self.path}: " if self.path else ""
+        hint = f" (did you mean {self.suggestion!r}?)" if self.suggestion else ""
+        return f"{where}unknown field {self.name!r}{hint}"
+
+
+@dataclass(frozen=True, slots=True)
 class SchemaSet:
     """Every schema of one directory, by relative path, with their shared registry."""
 
@@ -79,6 +101,63 @@ class SchemaSet:
             raise SchemaLoadError(
                 f"schema {relpath} in {self.root} does not compile: {exc}"
             ) from exc
+
+    def unknown_fields(self, relpath: str, payload: Any) -> list[UnknownField]:
+        """Every field of ``payload`` that the schema at ``relpath`` does not name, where
+        it names an object's fields (a map such as labels names none)."""
+        found: list[UnknownField] = []
+        self._unknown(relpath, self.documents[relpath], payload, "", found)
+        return found
+
+    def _resolve(self, relpath: str, node: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """``node``'s ``$ref`` target (and the document it is in), or ``node`` itself."""
+        ref = node.get("$ref")
+        if not isinstance(ref, str):
+            return relpath, node
+        document, _, pointer = ref.partition("#")
+        if document:
+            base = relpath.rsplit("/", 1)[0] + "/" if "/" in relpath else ""
+            relpath = os.path.normpath(base + document).replace(os.sep, "/")
+        target: Any = self.documents[relpath]
+        for part in pointer.strip("/").split("/") if pointer.strip("/") else ():
+            target = target[part]
+        return relpath, target
+
+    def _named(self, relpath: str, node: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+        """The properties ``node`` names, with its ``$ref``'s and ``allOf``'s: name ->
+        (the document it is in, its schema)."""
+        named: dict[str, tuple[str, Any]] = {}
+        ref_path, target = self._resolve(relpath, node)
+        if target is not node:
+            named.update(self._named(ref_path, target))
+        for part in node.get("allOf", ()):
+            named.update(self._named(relpath, part))
+        for name, schema in (node.get("properties") or {}).items():
+            named[name] = (relpath, schema)
+        return named
+
+    def _unknown(
+        self, relpath: str, node: Any, value: Any, path: str, found: list[UnknownField]
+    ) -> None:
+        if not isinstance(node, dict):
+            return
+        if isinstance(value, dict):
+            named = self._named(relpath, node)
+            if not named:
+                return  # a map (labels, user config): any key is its content
+            for key, item in value.items():
+                if key in named:
+                    where, schema = named[key]
+                    here = f"{path}/{key}" if path else str(key)
+                    self._unknown(where, schema, item, here, found)
+                    continue
+                close = difflib.get_close_matches(str(key), list(named), n=1, cutoff=0.6)
+                found.append(UnknownField(path, str(key), close[0] if close else None))
+        elif isinstance(value, list):
+            where, target = self._resolve(relpath, node)
+            items = target.get("items")
+            for index, item in enumerate(value):
+                self._unknown(where, items, item, f"{path}/{index}", found)
 
 
 def _walk(directory: Traversable, prefix: str = "") -> Iterator[tuple[str, Traversable]]:

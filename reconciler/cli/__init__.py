@@ -8,6 +8,9 @@
 - :mod:`.oneshot`: what the commands that talk to NATS once share (a bounded connection,
   clear errors, inputs checked before they are sent); :mod:`.logs`: logging;
   :mod:`.signals`: running a daemon until SIGTERM or SIGINT.
+- :mod:`.config_file`: config files as ``apply`` and ``diff`` read them (and ``get``
+  prints them), checked and sized as one change; :mod:`.host_command`: what
+  ``cordon``, ``uncordon`` and ``drain`` share.
 
 Layer rules: the top of the package; it may import everything below it, and nothing
 imports it.

@@ -16,16 +16,22 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("reconciler.cli.commands.audit", "audit"),
     "bridge": ("reconciler.cli.commands.bridge", "bridge"),
     "cmd": ("reconciler.cli.commands.cmd", "send_cmd"),
+    "cordon": ("reconciler.cli.commands.cordon", "cordon_cmd"),
     "credentials": ("reconciler.cli.commands.credentials", "credentials"),
+    "delete": ("reconciler.cli.commands.delete", "delete_cmd"),
     "demo": ("reconciler.cli.commands.demo", "demo"),
+    "diff": ("reconciler.cli.commands.diff", "diff_cmd"),
+    "drain": ("reconciler.cli.commands.drain", "drain_cmd"),
     "executor": ("reconciler.cli.commands.executor", "executor"),
     "garm-provider": ("reconciler.cli.commands.garm_provider", "garm_provider"),
+    "get": ("reconciler.cli.commands.get", "get_cmd"),
     "provision": ("reconciler.cli.commands.provision", "provision"),
     "query": ("reconciler.cli.commands.query", "query_cmd"),
     "replay": ("reconciler.cli.commands.replay", "replay_command"),
     "run": ("reconciler.cli.commands.run", "run"),
     "sim-incus": ("reconciler.cli.commands.sim_incus", "sim_incus"),
     "status": ("reconciler.cli.commands.status", "status"),
+    "uncordon": ("reconciler.cli.commands.uncordon", "uncordon_cmd"),
 }
 
 

@@ -10,7 +10,9 @@ Rules:
   answer.
 - They log warnings and errors only, unless ``--log-level`` asks for more.
 - The schemas are loaded before anything is sent: a payload is checked against its schema
-  and against the fold's own domain checks, so bad input is refused here, untouched.
+  and against the fold's own domain checks, so bad input is refused here, untouched; so
+  is a field the schema does not name (a typo), even in a command, which the bus would
+  carry and the fold ignore.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from nats.aio.client import Client
 
 from reconciler.bus.connection import ConnectOptions, ConnectRefused, connect
 from reconciler.bus.decoder import Decoder
-from reconciler.bus.schemas import SchemaLoadError
+from reconciler.bus.schemas import SchemaLoadError, input_schema_path, load
 
 __all__ = ["connect_once", "input_problems", "missing_stream", "once"]
 
@@ -66,11 +68,14 @@ def _decoder() -> Decoder:
 
 
 def input_problems(kind: str, payload: Any, *, subject_token: str | None = None) -> list[str]:
-    """Why ``payload`` is not a valid input of ``kind`` (empty when it is): its schema
-    first, then the checks the fold makes after the schema, as the reconciler's decoder
-    checks them (:meth:`reconciler.bus.decoder.Decoder.problems`)."""
+    """Why ``payload`` is not a valid input of ``kind`` (empty when it is): every field
+    its schema does not name (a typo: refused here, even where the bus would ignore it),
+    its schema, then the checks the fold makes after the schema, as the reconciler's
+    decoder checks them (:meth:`reconciler.bus.decoder.Decoder.problems`)."""
     try:
         decoder = _decoder()
+        schemas = load()
     except SchemaLoadError as exc:
         raise click.ClickException(str(exc)) from None
-    return decoder.problems(kind, payload, subject_token=subject_token)
+    unknown = [str(u) for u in schemas.unknown_fields(input_schema_path(kind), payload)]
+    return unknown + decoder.problems(kind, payload, subject_token=subject_token)

@@ -47,6 +47,7 @@ __all__ = [
     "connect_timeout_option",
     "db_option",
     "decision_retention_option",
+    "decision_wait_option",
     "incus_from",
     "incus_options",
     "load_endpoints",
@@ -54,6 +55,7 @@ __all__ = [
     "oneshot_log_options",
     "parse_verify",
     "read_secret",
+    "reply_timeout_option",
     "retention_options",
     "run_options",
     "stream_replicas_option",
@@ -529,6 +531,29 @@ def connect_timeout_option(f: F) -> F:
 
 
 # ------------------------------------------------------------------ retention
+
+
+def decision_wait_option(f: F) -> F:
+    """``--wait``: seconds to wait for the fold's final decision (0: publish only). A
+    command that waits and gets none exits 1: no replica answered."""
+    return click.option(
+        "--wait",
+        type=click.FloatRange(min=0),
+        default=30.0,
+        show_default=True,
+        help="Seconds to wait for the fold's final decision (0: publish only, do not wait).",
+    )(f)
+
+
+def reply_timeout_option(default: float) -> Callable[[F], F]:
+    """``--timeout``: seconds to wait for a (synced) replica's reply to a query."""
+    return click.option(
+        "--timeout",
+        type=click.FloatRange(min=0, min_open=True),
+        default=default,
+        show_default=True,
+        help="Seconds to wait for a replica's reply.",
+    )
 
 
 def decision_retention_option(f: F) -> F:

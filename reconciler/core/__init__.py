@@ -4,7 +4,8 @@ dataclasses.
 - :mod:`.model`: resources, hosts, GPUs, pools, resource classes, GPU profiles and
   policies, leases; :mod:`.frozen`: building and copying those dataclasses fast.
 - :mod:`.inputs`: the typed inputs the fold takes (``from_payload``: a validated dict to
-  one of them, with the domain's own checks).
+  one of them, with the domain's own checks); :mod:`.configs`: each kind of config's
+  checks, entity, payload and users, in one table.
 - :mod:`.state`: the folded state and the effects of one step; :mod:`.fold`: applying an
   input to it, one module per kind of input, over the launch gate.
 - The fold's choices: :mod:`.placement` (DRA semantics, pack or spread) over

@@ -84,6 +84,18 @@ ADDITIONS: tuple[Addition, ...] = (
         when="virtual-machine",
         why="the pool's instance type; before, written only for a pool that named one",
     ),
+    Addition(
+        since="0.2.0",
+        output=UNPREFIXED.decision("*"),
+        path=("lease", "fault"),
+        why="what could not be done to the lease's VM (a create refused, a delete failed)",
+    ),
+    Addition(
+        since="0.2.0",
+        output=UNPREFIXED.decision("*"),
+        path=("items",),
+        why="what became of each item of an apply-config change, or why it was refused",
+    ),
 )
 
 

@@ -26,6 +26,7 @@ from reconciler.core.model import (
     InstanceName,
     InstanceType,
     JobId,
+    LeaseId,
     LeaseKind,
     MigMode,
     Placement,
@@ -100,6 +101,25 @@ class Observation:
     checked_revision: int
 
 
+#: what an instance's creator could not do (:attr:`Failure.action`)
+FAILED_ACTIONS = ("create", "start", "delete")
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """What the executor (or a producer that creates instances itself, GARM's provider)
+    could not do to a lease's instance, for good: a create Incus refused, a start that
+    failed after its retries, a delete that cannot be done (an addition)."""
+
+    host: HostName
+    instance: InstanceName
+    project: str
+    lease_id: LeaseId
+    action: str  # one of FAILED_ACTIONS
+    error: str
+
+
 # -------------------------------------------------------------------------- config
 
 
@@ -143,6 +163,42 @@ class GpuPolicyConfig:
     priority: int
     selector: PolicySelector
     overrides: dict[str, Any]  # validated by the fold, so a bad one is rejected by name
+
+
+ConfigInput = PoolConfig | ClassConfig | GpuProfileConfig | GpuPolicyConfig
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class RefusedConfig:
+    """A config input refused before the fold could read it, for a field its schema
+    does not name: the fold rejects it by name (``config.rejected``), as it does a
+    config it cannot use, and the last good version stays in force."""
+
+    kind: str
+    name: str
+    error: str
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class ConfigItem:
+    """One item of a config change: its kind (``pool``, ``class``, ``gpu-profile``,
+    ``gpu-policy``) and name, and the typed config, or why it is not one."""
+
+    kind: str
+    name: str
+    config: ConfigInput | None
+    error: str | None = None
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class ConfigRef:
+    """A config item named for deletion."""
+
+    kind: str
+    name: str
 
 
 # ------------------------------------------------------------------------ commands
@@ -225,6 +281,47 @@ class RenderRuntime:
     verb = "render-runtime"
 
 
+@fast_init
+@dataclass(frozen=True, slots=True)
+class ApplyConfig:
+    """Config items to put and to delete, applied whole or not at all (an addition)."""
+
+    request_id: RequestId
+    items: tuple[ConfigItem, ...]
+    deletions: tuple[ConfigRef, ...]
+    verb = "apply-config"
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class Cordon:
+    """Admit nothing new on a host (an addition)."""
+
+    request_id: RequestId
+    host: HostName
+    verb = "cordon"
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class Uncordon:
+    """Lift a host's cordon or drain (an addition)."""
+
+    request_id: RequestId
+    host: HostName
+    verb = "uncordon"
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Cordon a host and delete its idle warm VMs (an addition)."""
+
+    request_id: RequestId
+    host: HostName
+    verb = "drain"
+
+
 Command = (
     Admit
     | ClaimWarm
@@ -234,16 +331,22 @@ Command = (
     | MarkDeleting
     | Release
     | RenderRuntime
+    | ApplyConfig
+    | Cordon
+    | Uncordon
+    | Drain
 )
 Input = (
     HostSnapshot
     | HostInventory
     | Lifecycle
     | Observation
+    | Failure
     | PoolConfig
     | ClassConfig
     | GpuProfileConfig
     | GpuPolicyConfig
+    | RefusedConfig
     | Command
 )
 
@@ -373,6 +476,17 @@ def _observation(p: Payload) -> Observation:
     )
 
 
+def _failure(p: Payload) -> Failure:
+    return Failure(
+        host=p["host"],
+        instance=p["instance"],
+        project=p.get("project", "default"),
+        lease_id=p["lease_id"],
+        action=p["action"],
+        error=p["error"],
+    )
+
+
 def _pool(p: Payload) -> PoolConfig:
     warm = p.get("warm") or {}
     return PoolConfig(
@@ -449,11 +563,39 @@ def _admit(p: Payload, preemptible: bool = False) -> Admit:
     )
 
 
+def apply_config(p: Payload, item_errors: Mapping[int, str] | None = None) -> ApplyConfig:
+    """The typed ``apply-config`` command of a payload whose envelope passed its schema.
+
+    Each item is built as its config input would be (:func:`from_payload`); an item that
+    cannot be is kept with its error, so that the fold refuses the change naming it.
+    ``item_errors`` are the items (by index) that failed their own config schema, with
+    the sentence to report (the decoder checks each against ``config.<kind>``)."""
+    items: list[ConfigItem] = []
+    for index, raw in enumerate(p.get("items") or ()):
+        kind, payload = raw["kind"], raw["payload"]
+        named = payload.get(CONFIG_NAME_FIELDS[kind])
+        name = named if isinstance(named, str) else ""
+        error = item_errors.get(index) if item_errors else None
+        config: Any = None
+        if error is None:
+            try:
+                config = from_payload(f"config.{kind}", payload)
+            except DomainError as exc:
+                error = str(exc)
+        items.append(ConfigItem(kind, name, config, error))
+    return ApplyConfig(
+        request_id=p["request_id"],
+        items=tuple(items),
+        deletions=tuple(ConfigRef(d["kind"], d["name"]) for d in p.get("delete") or ()),
+    )
+
+
 _BUILDERS: dict[str, Callable[[Payload], Input]] = {
     "host.snapshot": _snapshot,
     "host.inventory": _inventory,
     "host.lifecycle": _lifecycle,
     "host.observation": _observation,
+    "host.failure": _failure,
     "config.pool": _pool,
     "config.class": _class,
     "config.gpu-profile": _gpu_profile,
@@ -467,18 +609,27 @@ _BUILDERS: dict[str, Callable[[Payload], Input]] = {
     "cmd.mark-deleting": lambda p: MarkDeleting(p["request_id"], p["instance"]),
     "cmd.release": lambda p: Release(p["request_id"], p["instance"]),
     "cmd.render-runtime": lambda p: RenderRuntime(p["request_id"], p["instance"]),
+    "cmd.apply-config": apply_config,
+    "cmd.cordon": lambda p: Cordon(p["request_id"], p["host"]),
+    "cmd.uncordon": lambda p: Uncordon(p["request_id"], p["host"]),
+    "cmd.drain": lambda p: Drain(p["request_id"], p["host"]),
 }
 
 #: input kinds, as named by the subject after ``<prefix>.in.`` (host token removed)
 KINDS = tuple(_BUILDERS)
 
+#: the payload field that names a config input, per config kind (``pool``, ``class``…)
+CONFIG_NAME_FIELDS: dict[str, str] = {
+    "pool": "pool",
+    "class": "class",
+    "gpu-profile": "name",
+    "gpu-policy": "name",
+}
+
 # Which payload field must equal the subject's name token, per kind family.
 _SUBJECT_FIELD = {
     "host": "host",
-    "config.pool": "pool",
-    "config.class": "class",
-    "config.gpu-profile": "name",
-    "config.gpu-policy": "name",
+    **{f"config.{kind}": field for kind, field in CONFIG_NAME_FIELDS.items()},
 }
 #: the same, per kind (commands have no name token)
 _SUBJECT_FIELD_OF_KIND: dict[str, str | None] = {

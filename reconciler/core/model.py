@@ -8,10 +8,20 @@ host name from being passed where a lease id is expected.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import NewType
 
 from reconciler.core.frozen import evolver, fast_init
+
+#: the metadata key of a field :data:`ADDED_LATER`
+OMITTED_AT_DEFAULT = "omitted_at_default"
+#: metadata of a field added to a stored entity after such entities were first stored
+#: (``field(default=None, metadata=ADDED_LATER)``): the store writes it only when it holds
+#: another value than its default, so an entity that never sets it keeps its encoding,
+#: and a state its digest (reconciler.store.codec)
+ADDED_LATER: Mapping[str, object] = MappingProxyType({OMITTED_AT_DEFAULT: True})
 
 HostName = NewType("HostName", str)
 PoolName = NewType("PoolName", str)
@@ -100,6 +110,9 @@ class Host:
     #: ``foreign_pci`` resolved against the latest snapshot's GPUs
     foreign_gpus: frozenset[int] = frozenset()
     foreign_instances: tuple[str, ...] = ()
+    #: an operator's cordon on the bus (:data:`CORDONED` or :data:`DRAINING_HOST`):
+    #: nothing new is admitted here, whatever the snapshot says; ``None``: none
+    cordon: str | None = field(default=None, metadata=ADDED_LATER)
 
     @property
     def allocatable(self) -> Resources:
@@ -107,6 +120,17 @@ class Host:
 
     def gpu_by_pci(self) -> dict[str, Gpu]:
         return {g.pci_address: g for g in self.gpus}
+
+    @property
+    def admits(self) -> bool:
+        """Whether new leases may be placed here: its snapshot says schedulable and no
+        operator cordoned it (placement spells this out on its hot path)."""
+        return self.schedulable and self.cordon is None
+
+
+#: :attr:`Host.cordon` values: no new admissions; and also its idle warm VMs deleted
+CORDONED = "cordoned"
+DRAINING_HOST = "draining"
 
 
 class Placement(enum.StrEnum):
@@ -194,6 +218,9 @@ class Pool:
     seq: int = 0
     #: ``None``: the pool did not say (Incus's default, a VM); carried on creates only when set
     instance_type: InstanceType | None = None
+    #: how long its admissions wait for room when they do not say (``queue.wait_s``;
+    #: docs/queue.md); ``None``: they do not wait
+    queue_wait_s: int | None = field(default=None, metadata=ADDED_LATER)
 
 
 class MigMode(enum.StrEnum):
@@ -329,6 +356,9 @@ class Lease:
     runtime_gpu_revision: int = -1
     runtime_profile: str | None = None
     runtime_profile_revision: int = -1
+    #: what could not be done to its VM (a create Incus refused, a start that failed, a
+    #: delete that cannot be done), as its creator or the executor reported it
+    fault: str | None = field(default=None, metadata=ADDED_LATER)
 
     @property
     def active(self) -> bool:
@@ -383,6 +413,8 @@ class Lease:
             out["suspect"] = True
         if self.adopted:
             out["adopted"] = True
+        if self.fault is not None:
+            out["fault"] = self.fault
         return out
 
 

@@ -262,7 +262,7 @@ def evaluate(
         claims and not all(_selected(labels, c.host_selector) for c in claims)
     ):
         return HostFit(host, _SELECTOR)
-    if not host.schedulable:
+    if not host.schedulable or host.cordon is not None:  # host.admits, spelled out
         return HostFit(host, _UNSCHEDULABLE)
     cap, rsv = host.capacity, host.reserve
     a_cpu, a_mem, a_disk = (
@@ -364,7 +364,7 @@ def _scalar_scorer(state: State, pool: Pool, demand: Resources, spread: bool) ->
         host = hosts[name]
         if selector and not _selected(host.labels, selector):
             return _SELECTOR, None
-        if not host.schedulable:
+        if not host.schedulable or host.cordon is not None:  # host.admits
             return _UNSCHEDULABLE, None
         cap, rsv = host.capacity, host.reserve
         a_cpu = cap.cpu - rsv.cpu

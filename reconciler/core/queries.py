@@ -2,7 +2,9 @@
 
 Each function returns the ``result`` of a reply or raises :class:`QueryError` with one
 of the contract's codes. The journal history of the ``lease`` query lives in the store,
-so the adapter adds it to :func:`lease`'s answer.
+so the adapter adds it to :func:`lease`'s answer; ``config-check`` needs its items
+decoded against their schemas first, so the adapter decodes them and asks
+:func:`config_check`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from reconciler.core import inputs as ev
+from reconciler.core.configs import CONFIG_KINDS, diff_payloads
+from reconciler.core.fold.config import plan_change
 from reconciler.core.model import (
     ClaimSpec,
     ClassName,
@@ -157,6 +162,53 @@ def pool_leases(state: State, request: Mapping[str, Any]) -> dict[str, Any]:
     return {"pool": _pool_view(pool) if pool is not None else None, "leases": leases}
 
 
+def config(state: State, request: Mapping[str, Any]) -> dict[str, Any]:
+    """The config in force, as ``{kind, payload}`` items that ``apply`` accepts back:
+    every item of ``kind``, or the one named ``name``; without ``kind``, everything."""
+    kind, name = request.get("kind"), request.get("name")
+    if kind is not None and kind not in CONFIG_KINDS:
+        known = ", ".join(CONFIG_KINDS)
+        raise QueryError("invalid", f"'kind' must be one of {known}, not {kind!r}")
+    if name is not None and (kind is None or not isinstance(name, str)):
+        raise QueryError("invalid", "'name' needs a 'kind'")
+    items: list[dict[str, Any]] = []
+    for spec in CONFIG_KINDS.values():
+        if kind is not None and spec.kind != kind:
+            continue
+        table = spec.table(state)
+        if name is not None and name not in table:
+            raise QueryError("not-found", f"there is no {spec.kind} named {name!r}")
+        names = [name] if name is not None else sorted(table)
+        items += [{"kind": spec.kind, "payload": spec.payload(table[n])} for n in names]
+    return {"items": items}
+
+
+def config_check(state: State, change: ev.ApplyConfig) -> dict[str, Any]:
+    """What ``apply-config`` would do with ``change``, without doing it: the fold's own
+    checks (:func:`reconciler.core.fold.config.plan_change`), and for each update the
+    fields it changes, ``[path, current, new]``."""
+    results = plan_change(state, change)
+    items: list[dict[str, Any]] = []
+    for index, result in enumerate(results):
+        entry = result.as_dict()
+        if result.change == "updated":
+            item = change.items[index]
+            spec = CONFIG_KINDS[item.kind]
+            current = spec.payload(spec.table(state)[item.name])
+            wanted = spec.payload(spec.build(item.config, 0))
+            entry["fields"] = [
+                [path, _shown(old), _shown(new)]
+                for path, old, new in diff_payloads(current, wanted)
+            ]
+        items.append(entry)
+    return {"ok": all(r.error is None for r in results), "items": items}
+
+
+def _shown(value: Any) -> Any:
+    """A payload's value as JSON carries it; a field one side lacks is ``null``."""
+    return value if isinstance(value, str | int | float | bool | list | dict) else None
+
+
 #: query name -> function; ``health`` needs runtime facts and is answered by the adapter
 QUERIES: dict[str, Callable[[State, Mapping[str, Any]], Any]] = {
     "resolve": resolve,
@@ -165,4 +217,8 @@ QUERIES: dict[str, Callable[[State, Mapping[str, Any]], Any]] = {
     "effective-runtime": runtime,
     "unsuitable-hosts": unsuitable,
     "pool": pool_leases,
+    "config": config,
 }
+#: the queries a replica answers itself: ``health`` (runtime facts) and ``config-check``
+#: (its items decoded against their schemas first, then :func:`config_check`)
+ADAPTER_QUERIES = ("health", "config-check")

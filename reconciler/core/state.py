@@ -61,6 +61,18 @@ def is_idle_ready(lease: Lease) -> bool:
     )
 
 
+def is_idle_warm(lease: Lease) -> bool:
+    """A warm VM that serves no job and is not on its way out: booting or ready,
+    unclaimed, neither a victim nor waiting at a launch gate (what a drain deletes)."""
+    return (
+        lease.kind is WARM
+        and lease.state in WARM_UNCLAIMED
+        and lease.job is None
+        and lease.victim_of is None
+        and lease.gate_seq is None
+    )
+
+
 #: the counts of a pool's status (``out.status.pool.<pool>``) that follow its leases
 POOL_COUNTS = ("booting", "claimed", "draining", "victims", "pending_requests")
 
@@ -152,6 +164,8 @@ class Effects:
     decisions: set[RequestId] = field(default_factory=set)
     #: jobs whose binding was dropped (their lease evicted by retention)
     jobs: set[JobId] = field(default_factory=set)
+    #: pools whose warm VM could not be created or started (the top-up backs off)
+    failed_pools: set[PoolName] = field(default_factory=set)
     #: input kinds recorded but ignored (stale revisions, no-op events), for logs
     notes: list[tuple[int, str]] = field(default_factory=list)
 
@@ -168,6 +182,7 @@ class Effects:
         self.leases |= other.leases
         self.decisions |= other.decisions
         self.jobs |= other.jobs
+        self.failed_pools |= other.failed_pools
         self.notes.extend(other.notes)
 
 

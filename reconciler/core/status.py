@@ -9,6 +9,9 @@ Rules:
   instances of its latest inventory, exactly as admission does
   (:func:`reconciler.core.placement.booking`); so ``free`` may be negative when foreign
   VMs over-commit the host.
+- A host's ``schedulable`` is what its snapshot says, ``cordon`` what operators said on
+  the bus (``cordoned``, ``draining`` or ``None``); new work lands only where the first
+  is true and the second ``None``.
 - Pool counts follow the lease states: ``ready`` = idle, claimable warm VMs; ``booting`` =
   warm VMs reserved or created (not yet ready, not waiting at a launch gate);
   ``claimed`` = claimed or injected; ``pending_requests`` = preemptible admissions waiting
@@ -23,7 +26,7 @@ from reconciler.core.model import HostName, PoolName
 from reconciler.core.placement import booking
 from reconciler.core.state import POOL_COUNTS, State
 
-__all__ = ["host_status", "pool_status", "warm_deficit"]
+__all__ = ["failed_leases", "host_status", "pool_status", "warm_deficit"]
 
 
 def host_status(state: State, name: HostName, *, as_of_seq: int) -> dict[str, Any] | None:
@@ -41,6 +44,7 @@ def host_status(state: State, name: HostName, *, as_of_seq: int) -> dict[str, An
         "host": name,
         "uid": host.uid,
         "schedulable": host.schedulable,
+        "cordon": host.cordon,
         "allocatable": allocatable.as_dict(),
         "booked": book.booked.as_dict(),
         "free": (allocatable - book.booked).as_dict(),
@@ -86,3 +90,21 @@ def warm_deficit(state: State, name: PoolName) -> int:
     room_ready = pool.warm.max_ready - unclaimed
     room_total = pool.max_instances - state.pool_booking.get(name, 0)
     return max(0, min(wanted, room_ready, room_total))
+
+
+def failed_leases(state: State) -> list[dict[str, Any]]:
+    """Every lease the state keeps that carries a fault (a create refused, a start
+    failed, a delete that cannot be done), the newest first."""
+    faulted = [le for le in state.leases.values() if le.fault is not None]
+    faulted.sort(key=lambda le: (le.admitted_seq, le.lease_id), reverse=True)
+    return [
+        {
+            "lease_id": le.lease_id,
+            "instance": le.instance,
+            "host": le.host,
+            "pool": le.pool,
+            "state": le.state.value,
+            "fault": le.fault,
+        }
+        for le in faulted
+    ]

@@ -22,7 +22,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from reconciler.core.messages import Subjects
+from reconciler.core.messages import PRODUCER_VERBS, Subjects
 from reconciler.deploy.fleet import Fleet
 from reconciler.executor.executor import consumer_name as executor_consumer
 from reconciler.replica.snapshot_bucket import bucket_name as snapshot_bucket
@@ -125,14 +125,24 @@ def permissions(fleet: Fleet) -> dict[str, Permissions]:
     out["executor"] = Permissions(
         why=(
             f"reconciler executor: pulls the commands of hosts {', '.join(hosts)} from the "
-            "consumers `reconciler provision --executor-host` made, and acknowledges them"
+            "consumers `reconciler provision --executor-host` made, acknowledges them, and "
+            "reports what fails for good as their hosts' failure inputs"
         ),
-        publish=tuple(pulls),
+        publish=(*pulls, *(s.host_input(host, "failure") for host in hosts)),
         subscribe=("_INBOX.executor.>",),
     )
     out["producer"] = Permissions(
-        why="a producer (the GARM provider): commands in, decisions and query answers out",
-        publish=(s.commands, s.any_query, f"$JS.API.STREAM.MSG.GET.{n.out_stream}"),
+        why=(
+            "a producer (the GARM provider): commands in (not the operators' config and "
+            "host commands), decisions and query answers out, and the failure of a create "
+            "it made itself"
+        ),
+        publish=(
+            *(s.command(verb) for verb in PRODUCER_VERBS),
+            s.host_input("*", "failure"),
+            s.any_query,
+            f"$JS.API.STREAM.MSG.GET.{n.out_stream}",
+        ),
         subscribe=("_INBOX.producer.>", s.decisions),
     )
     return out

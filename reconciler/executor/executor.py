@@ -38,14 +38,22 @@ Rules (docs/interface.md, "Executor commands"):
   is done: ``absent``. **create** = the pool's image and profiles, the demand as limits
   and root size, GPUs by PCI address, the lease tags (``user.rc.lease-id``,
   ``user.rc.pool``, ``user.rc.kind`` = ``warm``); idempotent for the same lease; then
-  start. Effects come back through the bridge as lifecycle events: the executor never
-  publishes anything.
+  start. Effects come back through the bridge as lifecycle events; only a failure is
+  published by the executor itself (below).
 - **Failures** are sorted by :func:`~reconciler.executor.commands.classify`:
   temporary ones (host unreachable, operation timed out, instance busy) are retried with
   the queue's per-key exponential backoff (``retry_base_s`` doubling up to
   ``retry_cap_s``) for as long as it takes; failures that may pass are retried up to
   ``max_attempts`` times, then recorded ``gave-up`` and terminated; a definite refusal by
   Incus is recorded ``rejected`` and terminated at once.
+- **What fails for good comes back as an input**: before a ``rejected`` or ``gave-up``
+  command is recorded, the executor publishes ``<prefix>.in.host.<host>.failure`` (the
+  lease, the instance, the action that failed: ``create``, ``start`` or ``delete``, and
+  Incus's error; ``Nats-Msg-Id`` ``failure:<lease>:<action>``), which the fold folds:
+  a failed create or start releases its lease, a failed delete leaves it ``deleting``,
+  each with its fault. A report that cannot be published within ``report_for_s`` is
+  logged (``command.failure_unreported``); the lease then ends by the reconciler's
+  timeouts, as it would without the report.
 - **NATS trouble is waited out**, never raised: a reconnect (the server forgets pull
   requests), a refused pull or a stalled fetch rebinds the consumer; a missing stream, a
   failed fetch or a failed binding waits ``reconnect_wait_s`` first. What was delivered
@@ -74,6 +82,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
+import orjson
 import structlog
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -98,8 +107,9 @@ from reconciler.bus.reader import (
     pending_of,
     reply,
 )
+from reconciler.bus.sending import publish
 from reconciler.bus.streams import StreamNames
-from reconciler.core.messages import DEFAULT_PREFIX
+from reconciler.core.messages import DEFAULT_PREFIX, clip, failure_msg_id
 from reconciler.executor.commands import (
     Command,
     CommandParser,
@@ -173,6 +183,8 @@ class ExecutorConfig:
     incus_concurrency: int = 4
     #: ``HOST:PORT`` for Prometheus ``/metrics``, ``/healthz`` and ``/readyz`` (off: None)
     metrics_addr: str | None = None
+    #: how long publishing a failure report is retried while no stream answers
+    report_for_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.endpoints:
@@ -233,6 +245,8 @@ class _Held:
     received: float
     started: float | None = None
     attempts: int = 0
+    #: what the command does now: ``create`` then ``start`` for a create, ``delete``
+    action: str = ""
 
     def log_fields(self) -> dict[str, Any]:
         return {**self.command.log_fields(), "stream_seq": self.stream_seq}
@@ -294,6 +308,7 @@ class Executor:
         self.metrics: MetricsServer | None = None  # aiohttp, loaded only when asked for
         #: the connection, while running (verdicts go out on it)
         self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
 
     @property
     def store(self) -> ExecutorStore:
@@ -357,6 +372,7 @@ class Executor:
 
     async def _serve(self, nc: Client, stop: anyio.Event) -> None:
         js = nc.jetstream()
+        self._js = js
         async with anyio.create_task_group() as background:
             background.start_soon(self._heartbeats, name="executor-heartbeats")
             background.start_soon(self._prune, name="executor-prune")
@@ -563,13 +579,15 @@ class Executor:
         if held.started is None:
             held.started = time.monotonic()
         try:
-            outcome, detail = await self._act(command)
+            outcome, detail = await self._act(command, held)
         except IncusError as exc:
             failure = classify(exc)
             detail = f"{failure.reason}: {failure.error}"
             if failure.retry is Retry.NEVER:
+                await self._report(held, failure.error)
                 return _Verdict(outcome="rejected", detail=detail, reply="term")
             if failure.retry is Retry.LIMITED and held.attempts >= self.config.max_attempts:
+                await self._report(held, f"{failure.error} (after {held.attempts} attempts)")
                 return _Verdict(outcome="gave-up", detail=detail, reply="term")
             self.stats["retry"] += 1
             self.counts.retried[(held.host, command.verb, failure.reason)] += 1
@@ -584,10 +602,42 @@ class Executor:
             raise TemporaryError(detail) from exc
         return _Verdict(outcome=outcome, detail=detail)
 
-    async def _act(self, command: Command) -> tuple[str, str]:
-        """Carry ``command`` out on its host: ``(outcome, detail)``; Incus errors raise."""
+    async def _report(self, held: _Held, error: str) -> None:
+        """Publish what failed for good as the host's ``failure`` input (module rules)."""
+        command = held.command
+        action = held.action or command.verb
+        payload = {
+            "v": 1,
+            "host": command.host,
+            "instance": command.instance,
+            "project": command.project,
+            "lease_id": command.lease_id,
+            "action": action,
+            "error": clip(error) or "failed",
+            "command_id": command.command_id,
+        }
+        subject = self.names.subjects.host_input(command.host, "failure")
+        try:
+            if self._js is None:
+                raise RuntimeError("not connected")
+            await publish(
+                self._js,
+                subject,
+                orjson.dumps(payload),
+                msg_id=failure_msg_id(command.lease_id, action),
+                retry_for_s=self.config.report_for_s,
+            )
+        except Exception as exc:  # the lease ends by the timeouts instead
+            logger.error("command.failure_unreported", **held.log_fields(), error=repr(exc))
+            return
+        logger.info("command.failure_reported", **held.log_fields(), action=action)
+
+    async def _act(self, command: Command, held: _Held) -> tuple[str, str]:
+        """Carry ``command`` out on its host: ``(outcome, detail)``; Incus errors raise.
+        ``held.action`` says which step it is at."""
         host = self.hosts[command.host]
         if isinstance(command, DeleteCommand):
+            held.action = "delete"
             try:
                 view = await host.get_instance(command.instance, project=command.project)
                 if view is None:
@@ -599,7 +649,9 @@ class Executor:
             owner = "" if tagged in (None, command.lease_id) else f", tagged lease {tagged}"
             return "deleted", f"was {view.status}{owner}"
         spec = command.spec(storage_pool=self.config.storage_pool)
+        held.action = "create"
         view = await host.create_instance(spec)
+        held.action = "start"
         await host.start_instance(command.instance, project=command.project)
         return "created", f"started (was {view.status} after create)"
 

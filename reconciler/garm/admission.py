@@ -73,6 +73,16 @@ class Admission:
             ) from None
         return decision.as_dict()
 
+    async def report_failure(self, **fields: str) -> None:
+        """Report a create or start that failed (``host``, ``instance``, ``project``,
+        ``lease_id``, ``action``, ``error``): its lease is released with the error as its
+        fault. Best effort: the call fails anyway, and the reservation timeout releases
+        the lease when the report cannot be sent."""
+        try:
+            await self.client.report_failure(**fields)
+        except Exception as exc:
+            logger.warning("garm.failure_unreported", error=repr(exc), **fields)
+
     async def query(self, name: str, body: dict[str, Any]) -> Any:
         """A query's ``result``; a ``not-found`` error returns ``None``."""
         try:

@@ -18,6 +18,11 @@ Rules:
   call (GARM removes runners missing from a list: never answer a partial one).
   ``RemoveAllInstances`` removes every instance of the controller, whatever pool GARM
   names (GARM v0.1.1 always sends one; the command is controller-wide).
+- **A create or start Incus refused** is reported on the bus (the host's ``failure``
+  input) before the call fails: the lease is released at once, with Incus's error as
+  its fault, so GARM's retry finds the room free. **Get** of a runner whose latest
+  attempt failed so (its lease released with a fault, no instance left) answers
+  ``status: error`` with the fault as ``provider_fault``.
 - **Answers** carry what GARM records from a create (and shows its users): the status,
   ``os_name`` and ``os_version`` (the image's ``image.os`` and ``image.release``) and
   the instance's global addresses. A create waits up to ``address_timeout`` for a first
@@ -41,7 +46,7 @@ import structlog
 
 from reconciler.core.model import Resources
 from reconciler.garm.admission import Admission
-from reconciler.garm.attempts import Attempt, find_attempt, runner_of_job
+from reconciler.garm.attempts import MAX_ATTEMPTS, Attempt, find_attempt, job_of, runner_of_job
 from reconciler.garm.bootstrap import cloud_config, injection, install_script
 from reconciler.garm.config import ProviderConfig
 from reconciler.garm.protocol import (
@@ -262,9 +267,22 @@ class Provider:
             user_data=cloud_config(bootstrap, script=script),
             tags=self._tags(bootstrap),
         )
-        async with self._incus(host, f"creating {spec.name}") as incus:
-            await incus.create_instance(spec)
-            await incus.start_instance(spec.name, project=spec.project)
+        action = "create"
+        try:
+            async with self._incus(host, f"creating {spec.name}") as incus:
+                await incus.create_instance(spec)
+                action = "start"
+                await incus.start_instance(spec.name, project=spec.project)
+        except ProviderError as exc:  # the lease is released at once, with why
+            await self.bus.report_failure(
+                host=host,
+                instance=spec.name,
+                project=spec.project,
+                lease_id=str(lease["lease_id"]),
+                action=action,
+                error=str(exc),
+            )
+            raise
         done = await self._decide("mark-created", {"instance": spec.name}, attempt.rid("created"))
         if done.get("outcome") != "ok":
             raise ProviderError(_refusal("mark-created", done))
@@ -366,7 +384,30 @@ class Provider:
                 view = await incus.get_instance(item.instance, project=item.project, full=True)
             if view is not None:
                 return _instance_of(view)
+        failed = await self._failed(identifier)
+        if failed is not None:
+            return failed
         raise ProviderError(f"instance {identifier!r} not found", code=ExitCode.NOT_FOUND)
+
+    async def _failed(self, identifier: str) -> dict[str, Any] | None:
+        """The runner's latest lease, when it carries a fault (its create or start
+        failed): an ``error`` instance with the fault. ``identifier`` is a runner name
+        (its attempts' job identities) or a provider id (an instance name)."""
+        latest: Mapping[str, Any] | None = None
+        for number in range(1, MAX_ATTEMPTS + 1):
+            found = await self.bus.query("lease", {"identifier": job_of(identifier, number)})
+            if found is None:
+                break
+            latest = found
+        if latest is None or not latest.get("fault"):
+            return None
+        job = latest.get("job")
+        return provider_instance(
+            name=runner_of_job(str(job)) if job else identifier,
+            provider_id=str(latest["instance"]),
+            status="error",
+            fault=str(latest["fault"]),
+        )
 
     async def set_running(self, identifier: str, *, running: bool) -> None:
         found = await self.find(identifier)

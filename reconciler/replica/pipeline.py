@@ -24,8 +24,12 @@ Rules (docs/architecture.md, "The pipeline", and rules 3 and 7):
   letter in the same batch's outbox, in stream order among the decisions, and leaves the
   state untouched. So does an input on which the fold itself fails (a bug): the state is
   reloaded from the store, the batch is folded again up to that input, and the input is
-  dead-lettered as ``domain`` with the error. A replay meets the same error at the same
-  input and does the same, so decisions still reproduce byte for byte.
+  dead-lettered as ``domain`` with the error. An input whose decision or command would be
+  too large for the bus (:class:`~reconciler.core.fold.OutputTooLarge`) is dropped the
+  same way and dead-lettered as ``too-large``: nothing the store commits is an output
+  the server refuses to carry, so the outbox never stalls on one. A replay meets the
+  same error at the same input and does the same, so decisions still reproduce byte for
+  byte.
 - Every committed batch is announced to the commit listeners (the leader's workers) with
   its effects: the keys it touched and whether it wrote outputs.
 - The pipeline is *synced* once the committed position reaches the stream's last sequence
@@ -39,7 +43,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import anyio
@@ -49,7 +53,7 @@ from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
 from reconciler.bus.decoder import BadInput, Decoder, dead_letter_output
 from reconciler.bus.input_consumer import Delivery, InputConsumer
-from reconciler.core.fold import fold_input
+from reconciler.core.fold import OutputTooLarge, fold_input
 from reconciler.core.messages import (
     DEAD_LETTER_HEAD,
     DECISION_HEAD,
@@ -139,18 +143,32 @@ class FoldFailed(Exception):
         self.cause = cause
 
 
+#: why a poisoned input is dead-lettered: its reason and sentence
+Poison = tuple[DeadLetterReason, str]
+_INTERNAL: Poison = ("domain", "internal error: the fold failed on this input")
+
+
+def poison_of(cause: Exception) -> Poison:
+    """How an input the fold raised on is dead-lettered: ``too-large`` for one whose
+    decision or command would be too large to carry, ``domain`` for a bug."""
+    if isinstance(cause, OutputTooLarge):
+        return "too-large", str(cause)
+    return _INTERNAL
+
+
 def fold_deliveries(
     state: State,
     deliveries: list[Delivery],
     decoder: Decoder,
     *,
     prefix: str,
-    poisoned: frozenset[int] = frozenset(),
+    poisoned: Mapping[int, Poison] | None = None,
 ) -> FoldedBatch:
     """Decode and fold ``deliveries`` into ``state``; dead-letter bad ones.
 
-    ``poisoned`` are stream sequences known to make the fold fail: dead-lettered without
-    folding. Raises :class:`FoldFailed` when the fold fails on another one.
+    ``poisoned`` are stream sequences known to make the fold fail, with how to
+    dead-letter them (:func:`poison_of`): dead-lettered without folding. Raises
+    :class:`FoldFailed` when the fold fails on another one.
     """
     out = FoldedBatch(applied_seq=state.applied_seq, deliveries=list(deliveries))
     fx = out.fx
@@ -159,8 +177,9 @@ def fold_deliveries(
         if seq <= state.applied_seq:
             out.stale.append(d)
             continue
-        if seq in poisoned:
-            _dead_letter(state, fx, d, "domain", "internal error: the fold failed on this input")
+        poison = poisoned.get(seq) if poisoned else None
+        if poison is not None:
+            _dead_letter(state, fx, d, *poison)
             out.bad.append(d)
             continue
         decoded = decoder.decode(d.subject, d.data, prefix=prefix)
@@ -211,7 +230,7 @@ class Pipeline:
         self._in_flight = 0
         self._drained = anyio.Event()
         self._drained.set()
-        self._poisoned: set[int] = set()
+        self._poisoned: dict[int, Poison] = {}
         self._stop = anyio.Event()
         self._fetch_scope: anyio.CancelScope | None = None
         #: the writer waits for a batch; the reader waits for it or for deliveries
@@ -306,7 +325,7 @@ class Pipeline:
             deliveries,
             self.decoder,
             prefix=self.prefix,
-            poisoned=frozenset(self._poisoned),
+            poisoned=self._poisoned,
         )
 
     async def _fold(self, deliveries: list[Delivery]) -> FoldedBatch:
@@ -342,18 +361,26 @@ class Pipeline:
 
     async def _recover(self, culprit: Delivery, cause: Exception) -> None:
         """Drop the half-changed state: reload the committed one, remember the culprit."""
-        self._log.error(
-            "fold.failed",
-            stream_seq=culprit.stream_seq,
-            subject=culprit.subject,
-            error=repr(cause),
-            exc_info=cause,
-        )
+        if isinstance(cause, OutputTooLarge):  # bad input, not a bug
+            self._log.warning(
+                "fold.output_too_large",
+                stream_seq=culprit.stream_seq,
+                subject=culprit.subject,
+                error=str(cause),
+            )
+        else:
+            self._log.error(
+                "fold.failed",
+                stream_seq=culprit.stream_seq,
+                subject=culprit.subject,
+                error=repr(cause),
+                exc_info=cause,
+            )
         await self._drained.wait()
         self.state = await self.store.load_state(
             decision_retention_s=self.state.decision_retention_s
         )
-        self._poisoned.add(culprit.stream_seq)
+        self._poisoned[culprit.stream_seq] = poison_of(cause)
 
     async def _writer(self, receive: ObjectReceiveStream[FoldedBatch]) -> None:
         async with receive:
@@ -393,7 +420,9 @@ class Pipeline:
 
     def _announce(self, folded: FoldedBatch) -> None:
         """Tell the commit listeners (and the log) what a committed batch did."""
-        self._poisoned = {seq for seq in self._poisoned if seq > self.committed_seq}
+        self._poisoned = {
+            seq: why for seq, why in self._poisoned.items() if seq > self.committed_seq
+        }
         self._count(folded)
         if self.explain:
             self._explain(folded)

@@ -12,6 +12,11 @@ Rules:
   the lease's journal from the store.
 - A request that is not a JSON object, or names no known query, is ``invalid``; a request
   without a reply subject is dropped. A query never changes anything.
+- ``config-check`` (what ``apply --dry-run`` and ``diff`` ask) is an ``apply-config``
+  body: it is decoded as that command would be (its items against their own schemas,
+  :meth:`~reconciler.bus.decoder.Decoder.decode`) and checked by the fold's own checks,
+  without applying anything. It may be as large as a command (1 MiB); every other
+  request is at most :data:`MAX_REQUEST_BYTES`.
 """
 
 from __future__ import annotations
@@ -26,22 +31,26 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from reconciler.bus.decoder import BadInput
+from reconciler.core.inputs import ApplyConfig
 from reconciler.core.messages import (
     CACHE_NOT_READY,
     INTERNAL,
     INVALID,
+    MAX_PAYLOAD_BYTES,
     Subjects,
     error_reply,
     ok_reply,
 )
-from reconciler.core.queries import QUERIES, QueryError
+from reconciler.core.queries import ADAPTER_QUERIES, QUERIES, QueryError, config_check
 from reconciler.replica.pipeline import Pipeline
 
-__all__ = ["MAX_REQUEST_BYTES", "QueryResponder"]
+__all__ = ["CONFIG_CHECK", "MAX_REQUEST_BYTES", "QueryResponder"]
 
 logger = structlog.get_logger(__name__)
 
 MAX_REQUEST_BYTES = 65_536
+CONFIG_CHECK = ADAPTER_QUERIES[1]
 
 Health = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -89,8 +98,9 @@ class QueryResponder:
 
     async def answer(self, name: str, data: bytes) -> bytes:
         """The reply bytes for query ``name`` with request body ``data``."""
-        if len(data) > MAX_REQUEST_BYTES:
-            return error_reply(INVALID, f"request of {len(data)} bytes is too large")
+        limit = MAX_PAYLOAD_BYTES if name == CONFIG_CHECK else MAX_REQUEST_BYTES
+        if len(data) > limit:
+            return error_reply(INVALID, f"request of {len(data)} bytes is over {limit}")
         try:
             request = orjson.loads(data) if data.strip() else {}
         except orjson.JSONDecodeError as exc:
@@ -100,8 +110,8 @@ class QueryResponder:
         if name == "health":
             return ok_reply(await self.health())
         query = QUERIES.get(name)
-        if query is None:
-            known = ", ".join(sorted([*QUERIES, "health"]))
+        if query is None and name != CONFIG_CHECK:
+            known = ", ".join(sorted([*QUERIES, *ADAPTER_QUERIES]))
             return error_reply(INVALID, f"unknown query {name!r}; known: {known}")
         if not self.pipeline.synced.is_set():
             return error_reply(
@@ -109,6 +119,8 @@ class QueryResponder:
                 f"replica is catching up (applied {self.pipeline.committed_seq} of "
                 f"{self.pipeline.head_at_start})",
             )
+        if query is None:
+            return self._config_check(request)
         try:
             result = query(self.pipeline.state, request)
         except QueryError as exc:
@@ -116,3 +128,19 @@ class QueryResponder:
         if name == "lease":
             result["history"] = await self.pipeline.store.lease_history(str(result["lease_id"]))
         return ok_reply(result)
+
+    def _config_check(self, request: dict[str, Any]) -> bytes:
+        """Decode ``request`` as an ``apply-config`` body and answer what it would do."""
+        body = {
+            "items": request.get("items", []),
+            "delete": request.get("delete", []),
+            "v": 1,
+            "request_id": "config-check",
+        }
+        decoded = self.pipeline.decoder.decode(
+            self.subjects.command("apply-config"), orjson.dumps(body), prefix=self.prefix
+        )
+        if isinstance(decoded, BadInput):
+            return error_reply(INVALID, decoded.error)
+        assert isinstance(decoded.input, ApplyConfig)
+        return ok_reply(config_check(self.pipeline.state, decoded.input))

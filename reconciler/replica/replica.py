@@ -46,7 +46,7 @@ from reconciler.bus.streams import (
     ensure_streams,
 )
 from reconciler.bus.violations import PermissionViolation
-from reconciler.core.messages import DEFAULT_PREFIX
+from reconciler.core.messages import DEFAULT_PREFIX, MAX_PAYLOAD_BYTES
 from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
 from reconciler.incus.endpoints import IncusEndpoint
 from reconciler.replica.collector import FULL_EVERY_S, StateCollector
@@ -201,6 +201,12 @@ class Replica:
             raise StartupError(str(exc)) from None
         self.nc = nc
         try:
+            if nc.max_payload < MAX_PAYLOAD_BYTES:
+                raise StartupError(
+                    f"the NATS server's max_payload is {nc.max_payload} bytes, less than the "
+                    f"{MAX_PAYLOAD_BYTES} an input or a decision may take: set max_payload "
+                    "to at least 1MB in its configuration"
+                )
             js = nc.jetstream()
             self.js = js
             try:

@@ -29,6 +29,10 @@ Rules (docs/architecture.md: the fold stays the only judge):
   nothing any more): publishing the next one does not, since each rejected top-up is
   an input on the stream and a decision, and a pool that cannot be filled must not ask
   twice a second for as long as the fleet is full.
+- A warm VM whose create or start failed (the executor's ``failure`` input: its lease is
+  released at once, a bad image or profile) backs the pool off the same way, counted
+  with its rejections: a pool whose VMs Incus refuses must not ask again at once, for
+  ever.
 - Otherwise a pool is looked at ``coalesce_s`` (50 ms) after a commit touched it: the
   commits meanwhile coalesce into that one look, instead of one look per commit (a
   busy pool commits hundreds of times a second, and a VM boots in seconds).
@@ -128,6 +132,9 @@ class WarmPoolReconciler:
         #: pools whose last top-up was rejected: rejections in a row, and when (``clock``)
         #: the next top-up may go
         self.refused: dict[PoolName, tuple[int, float]] = {}
+        #: pools whose last warm VM could not be created: an admitted top-up does not end
+        #: their backoff (the create may fail again), a VM of theirs becoming ready does
+        self._failing: set[PoolName] = set()
         #: each host's room as last seen (:func:`_room`), to tell room appearing from an
         #: inventory that changes nothing
         self._rooms: dict[HostName, _Room] = {}
@@ -137,8 +144,13 @@ class WarmPoolReconciler:
         """Commit listener: look again at every pool the batch touched or whose top-up it
         decided, and at every pool backing off a rejection when a host changed (capacity
         may have appeared)."""
+        for pool in commit.fx.failed_pools:
+            self._back_off(pool, cause="create-failed", request_id=None)
         for pool in commit.fx.pools:
-            if pool in self.refused:  # refused lately: look again soon, not per commit
+            if pool in self._failing:  # its VMs fail: not before its backoff says so
+                due = self.refused.get(pool, (0, 0.0))[1]
+                self.queue.add_after(pool, max(due - self._clock(), 0.0))
+            elif pool in self.refused:  # refused lately: look again soon, not per commit
                 self._recheck(pool)
             else:
                 self.queue.add_after(pool, self.coalesce_s)
@@ -148,7 +160,8 @@ class WarmPoolReconciler:
                 self.queue.add_after(decided, self.coalesce_s)
         if commit.fx.hosts and self._room_appeared(commit.fx.hosts) and self.refused:
             for pool in list(self.refused):  # coalesced: a busy fleet changes all the time
-                self._recheck(pool)
+                if pool not in self._failing:  # room does not mend an image
+                    self._recheck(pool)
 
     def _room_appeared(self, hosts: set[HostName]) -> bool:
         """Whether any of ``hosts`` may have more room than when last seen (a host seen
@@ -185,8 +198,15 @@ class WarmPoolReconciler:
         self._settle(pool)
         await self._expire_stuck(pool)
         deficit = warm_deficit(state, pool)
-        if deficit <= 0:  # nothing to ask for (filled otherwise, lowered, deleted)
+        config = state.pools.get(pool)
+        if pool in self._failing and (
+            state.pool_ready.get(pool) or config is None or config.warm.min_ready == 0
+        ):  # its VMs boot again (the image is good), or it wants none any more
+            self._failing.discard(pool)
             self.refused.pop(pool, None)
+        if deficit <= 0:  # nothing to ask for (filled otherwise, lowered, deleted)
+            if pool not in self._failing:  # one booting may fail like the others
+                self.refused.pop(pool, None)
             return
         if pool in self.refused:
             wait = self.refused[pool][1] - self._clock()
@@ -272,19 +292,28 @@ class WarmPoolReconciler:
             else:
                 admitted = True
         if rejected is None:
-            if admitted:
+            if admitted and pool not in self._failing:
                 self.refused.pop(pool, None)
             return
         # one more in a row per round, however many of its admits were rejected; a
         # round that got some of its VMs starts the count again
-        count = 1 if admitted else self.refused.get(pool, (0, 0.0))[0] + 1
+        if admitted:
+            self.refused.pop(pool, None)
+        self._back_off(pool, cause=rejected.reason, request_id=rejected.request_id)
+
+    def _back_off(self, pool: PoolName, *, cause: str | None, request_id: str | None) -> None:
+        """One more top-up of ``pool`` that did not give a VM: wait longer before the next
+        (``backoff_base_s`` doubling up to ``backoff_cap_s``)."""
+        count = self.refused.get(pool, (0, 0.0))[0] + 1
         delay = min(self.backoff_cap_s, self.backoff_base_s * 2 ** (count - 1))
         self.refused[pool] = (count, self._clock() + delay)
+        if cause == "create-failed":
+            self._failing.add(pool)
         logger.warning(
-            "warm_pool.top_up_rejected",
+            "warm_pool.top_up_rejected" if cause != "create-failed" else "warm_pool.create_failed",
             pool=pool,
-            request_id=rejected.request_id,
-            reason=rejected.reason,
+            request_id=request_id,
+            reason=cause,
             in_a_row=count,
             retry_in_s=delay,
         )

@@ -24,6 +24,11 @@ Rules:
 
 - A field missing from the JSON takes its dataclass default, so adding a defaulted field
   to a model needs no data migration. An unknown key is an error (:class:`CodecError`).
+- A field added to a stored entity later is marked
+  :data:`~reconciler.core.model.ADDED_LATER`: it is written only when it holds another
+  value than its default, so every entity that never sets it keeps its exact encoding,
+  and every state its digest (replays of older streams stay byte for byte). This is
+  orjson's dataclass path less those fields.
 - ``GpuPolicy.overrides`` values are typed ``object``: on load they are re-validated by
   :func:`reconciler.core.runtime.validate_overrides`, which gives back the typed tuple
   (``MigMode``/``ComputeMode`` enums, bools, ints, ``None``) the fold built.
@@ -43,7 +48,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from reconciler.core.model import GpuPolicy
+from reconciler.core.model import OMITTED_AT_DEFAULT, GpuPolicy
 from reconciler.core.runtime import RuntimeConfigError, validate_overrides
 
 T = TypeVar("T")
@@ -115,6 +120,16 @@ def _encoded_fields(cls: type) -> list[tuple[str, Any]] | None:
     return [(n, hints.get(n, object)) for n in names]
 
 
+def _omitted_at_default(cls: type) -> dict[str, Any]:
+    """The fields of ``cls`` marked :data:`~reconciler.core.model.ADDED_LATER`, with
+    their defaults: :func:`encode` leaves each out while it holds its default."""
+    return {
+        f.name: f.default
+        for f in dataclasses.fields(cls)
+        if f.metadata.get(OMITTED_AT_DEFAULT) and f.default is not dataclasses.MISSING
+    }
+
+
 def _to_builtins_of(cls: type) -> ToBuiltins | None:
     """``lambda o: {"f": o.f, ...}`` for ``cls``, as one generated dict display, with the
     fields typed as a dataclass (or ``X | None``) turned into dicts inline and those typed
@@ -146,7 +161,14 @@ class _Source:
     def display(self, cls: type, var: str, outer: tuple[type, ...]) -> str:
         fields = _encoded_fields(cls)
         assert fields is not None
-        items = (f"{n!r}: {self.value(hint, f'{var}.{n}', (*outer, cls))}" for n, hint in fields)
+        omitted = _omitted_at_default(cls)
+        items = []
+        for n, hint in fields:
+            item = f"{n!r}: {self.value(hint, f'{var}.{n}', (*outer, cls))}"
+            if n in omitted:  # only when set: entities that never set it keep their bytes
+                default = self.name(omitted[n], "D")
+                item = f"**({{{item}}} if {var}.{n} != {default} else {{}})"
+            items.append(item)
         return "{" + ", ".join(items) + "}"
 
     def value(self, hint: Any, expr: str, outer: tuple[type, ...]) -> str:

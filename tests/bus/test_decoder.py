@@ -57,6 +57,7 @@ EXPECTED_TYPE: dict[str, type] = {
     "host.inventory": ev.HostInventory,
     "host.lifecycle": ev.Lifecycle,
     "host.observation": ev.Observation,
+    "host.failure": ev.Failure,
     "config.pool": ev.PoolConfig,
     "config.class": ev.ClassConfig,
     "config.gpu-profile": ev.GpuProfileConfig,
@@ -70,6 +71,10 @@ EXPECTED_TYPE: dict[str, type] = {
     "cmd.mark-deleting": ev.MarkDeleting,
     "cmd.release": ev.Release,
     "cmd.render-runtime": ev.RenderRuntime,
+    "cmd.apply-config": ev.ApplyConfig,
+    "cmd.cordon": ev.Cordon,
+    "cmd.uncordon": ev.Uncordon,
+    "cmd.drain": ev.Drain,
 }
 _TOKEN_FIELD = {"host": "host", "pool": "pool", "class": "class", "name": "name"}
 
@@ -317,6 +322,14 @@ INVALID_INPUTS = [
     (kind, i, item["payload"])
     for kind in KINDS
     for i, item in enumerate(schema_of(kind)["x-invalid-examples"])
+    if not item["why"].startswith("an unknown field")
+]
+#: config whose only fault is a field its schema does not name: refused by name instead
+UNKNOWN_FIELDS = [
+    (kind, i, item["payload"])
+    for kind in KINDS
+    for i, item in enumerate(schema_of(kind)["x-invalid-examples"])
+    if item["why"].startswith("an unknown field")
 ]
 
 
@@ -327,6 +340,53 @@ def test_every_invalid_example_is_dead_lettered(kind: str, i: int, payload: Any)
     result = decode(subject, data(payload))
     assert isinstance(result, BadInput), result
     assert result.reason == ("decode" if not isinstance(payload, dict) else "schema")
+
+
+@pytest.mark.parametrize(("kind", "i", "payload"), UNKNOWN_FIELDS, ids=lambda v: str(v)[:40])
+def test_config_with_an_unknown_field_is_refused_by_name(kind: str, i: int, payload: Any) -> None:
+    """Not a dead letter: the fold rejects it on ``config.rejected`` with its name, and
+    says which field it did not know."""
+    assert kind.startswith("config.")
+    result = decode(subject_for(kind, payload), data(payload))
+    assert isinstance(result, Decoded), result
+    refused = result.input
+    assert isinstance(refused, ev.RefusedConfig)
+    assert refused.kind == kind.removeprefix("config.")
+    assert refused.name == payload.get("pool", payload.get("class", payload.get("name")))
+    assert "unknown field" in refused.error and "the schema names no such field" in refused.error
+
+
+def test_an_unknown_field_next_to_another_error_is_dead_lettered() -> None:
+    pool = {**example("config.pool"), "wram": {}, "max_instances": -1}
+    assert "max_instances" in bad(subject_for("config.pool", pool), data(pool), "schema")
+
+
+def test_an_unknown_field_in_a_config_whose_subject_disagrees_is_dead_lettered() -> None:
+    pool = {**example("config.pool"), "wram": {}}
+    error = bad("rc.in.config.pool.other", data(pool), "domain")
+    assert "'other'" in error
+
+
+def test_an_apply_config_item_that_fails_its_schema_is_carried_with_its_error() -> None:
+    good, broken = example("config.pool"), {**example("config.pool"), "pool": "b", "wram": {}}
+    negative = {**example("config.class"), "parameters": {"gpu": {"count": -1}}}
+    change = {
+        "v": 1,
+        "request_id": "a1",
+        "items": [
+            {"kind": "pool", "payload": good},
+            {"kind": "pool", "payload": broken},
+            {"kind": "class", "payload": negative},
+        ],
+    }
+    result = decode("rc.in.cmd.apply-config", data(change))
+    assert isinstance(result, Decoded) and isinstance(result.input, ev.ApplyConfig)
+    first, second, third = result.input.items
+    assert first.error is None and isinstance(first.config, ev.PoolConfig)
+    assert second.name == "b" and second.config is None
+    assert second.error == "unknown field 'wram': the schema names no such field"
+    assert third.config is None and third.error is not None
+    assert "parameters.gpu.count" in third.error
 
 
 HOSTILE = ["../x", "a b", "x" * 64, "12345", "-h1", "h1-", "a.b", "", "a\x00b", "h\u00e9"]

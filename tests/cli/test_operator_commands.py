@@ -83,10 +83,18 @@ def test_apply_then_cmd_then_query(served: tuple[str, Path]) -> None:
     pools.write_text(POOLS_YAML)
     code, out, err = invoke("apply", str(pools), "--nats-url", url)
     assert code == 0, out + err
-    assert out.splitlines()[0].startswith("published rc.in.config.pool.web as input ")
-    assert "rc.in.config.pool.batch" in out and "rc.in.config.class.a100" in out
-    again = invoke("apply", str(pools), "--nats-url", url)
-    assert again[0] == 0 and "(unchanged: already on the stream)" in again[1]
+    assert err.startswith("published rc.in.cmd.apply-config request_id=apply-")
+    assert "(3 item(s))" in err
+    assert out.splitlines() == [
+        "created          pool web",
+        "created          pool batch",
+        "created          class a100",
+        out.splitlines()[-1],
+    ]
+    assert out.splitlines()[-1].startswith("applied: 3 item(s): 3 created  [input ")
+    code, reapplied, _ = invoke("apply", str(pools), "--nats-url", url)
+    assert code == 0 and reapplied.count("unchanged        ") == 3
+    assert "3 unchanged" in reapplied
 
     code, out, err = invoke(
         "cmd", "admit", "pool=web", "instance=vm-1", "kind=cold", "job=job-1",
@@ -322,9 +330,15 @@ def test_apply_reports_a_configuration_the_reconciler_rejects(served: tuple[str,
     url, tmp = served
     unusable = tmp / "unusable.json"
     unusable.write_text(orjson.dumps(b.pool("odd", min_ready=3, max_ready=2)[1]).decode())
+    code, out, err = invoke("apply", str(unusable), "--dry-run", "--nats-url", url)
+    assert code == 1, out + err
+    assert out.splitlines() == [
+        "refused          pool odd: pool 'odd': warm.min_ready 3 > max_ready 2",
+        "1 of 1 item(s) refused: the fold would apply none",
+    ]
+    assert "dry run, nothing published" in err
     code, out, err = invoke("apply", str(unusable), "--nats-url", url)
     assert code == 1, out + err
-    assert "published rc.in.config.pool.odd" in out
-    assert "rejected pool odd:" in err and "min_ready" in err
-    code, out, _ = invoke("apply", str(unusable), "--dry-run", "--nats-url", url)
-    assert code == 0 and out.strip() == "valid  rc.in.config.pool.odd"
+    assert "published rc.in.cmd.apply-config" in err
+    assert "refused          pool odd: pool 'odd': warm.min_ready 3 > max_ready 2" in out
+    assert "rejected (invalid-config): 1 of 1 item(s) refused, nothing applied" in err

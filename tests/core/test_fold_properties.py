@@ -59,6 +59,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
+from reconciler.core.configs import CONFIG_KINDS
 from reconciler.core.fold import fold
 from reconciler.core.inputs import (
     Admit,
@@ -101,7 +102,9 @@ from reconciler.core.state import Effects, State
 from tests.support.builders import (
     Fleet,
     admit,
+    apply_config,
     cmd,
+    failure,
     gpu,
     gpu_class,
     gpu_policy,
@@ -198,6 +201,11 @@ OUTCOMES = {
     "mark-deleting": {"ok"},
     "release": {"ok"},
     "render-runtime": {"ok", "error"},  # an addition to the contract
+    # additions: the operators' config and host commands
+    "apply-config": {"applied", "rejected"},
+    "cordon": {"ok", "rejected"},
+    "uncordon": {"ok", "rejected"},
+    "drain": {"ok", "rejected"},
 }
 REASONS = {
     "insufficient-capacity",
@@ -215,6 +223,10 @@ REASONS = {
     "no-lease",
     "wrong-state",
     "wrong-job",
+    # additions
+    "invalid-config",
+    "unknown-host",
+    "preemption-failed",
 }
 LEASE_KEYS = {"lease_id", "instance", "host", "host_uid", "pool", "kind", "state", "demand", "gpus"}
 ACTIVE_STATES = [s.value for s in LeaseState if s is not LeaseState.RELEASED]
@@ -762,10 +774,16 @@ class Run:
                     if body["reason"] == "orphan":
                         assert isinstance(msg.input, HostInventory)
                         assert host == msg.input.host, "orphan deleted on another host"
-                    expected = {"preempted": "victim", "drained": "draining", "orphan": "released"}
+                    # a drained warm VM still booting is deleting (a drain of its host or
+                    # pool), a ready one draining
+                    expected = {
+                        "preempted": {"victim"},
+                        "drained": {"draining", "deleting"},
+                        "orphan": {"released"},
+                    }
                     if body["reason"] != "orphan":
                         assert body["lease_id"] in {t.lease_id for t in fx.transitions}
-                    assert lease.state.value == expected[body["reason"]] or not lease.active
+                    assert lease.state.value in expected[body["reason"]] or not lease.active
                 else:
                     assert lease.kind is LeaseKind.WARM
                     assert lease.lease_id in {le.lease_id for le in self.newly_reserved(fx)}
@@ -1482,8 +1500,47 @@ def vanish(draw: Draw, run: Run) -> None:
     return None
 
 
+def failure_report(draw: Draw, run: Run) -> Item | None:
+    """The executor (or GARM's provider) reports what it could not do to a lease's VM:
+    a create or start refused, a delete that cannot be done; now and then about a lease
+    that is gone, or in a state the failure no longer fits."""
+    leases = sorted(run.state.leases.values(), key=lambda le: le.lease_id)
+    if not leases:
+        return None
+    lease = some(draw, leases)
+    action = some(draw, ["create", "start", "delete", "delete"])
+    return failure(lease.host, lease.instance, lease.lease_id, action, "Incus said no")
+
+
+def host_command(draw: Draw, run: Run) -> Item:
+    """An operator cordons, drains or uncordons a host (now and then one never seen)."""
+    host = some(draw, [*HOSTS, "nowhere"])
+    verb = some(draw, ["cordon", "drain", "uncordon", "uncordon"])
+    return cmd(verb, request_id(draw, run, fresh=True), host=host)
+
+
+def config_change(draw: Draw, run: Run) -> Item:
+    """An ``apply-config`` change: pools and classes put (some refused, some unchanged)
+    and deleted (some in use, some unknown); applied whole or not at all."""
+    items = [
+        some(draw, [pool_config, pool_config, class_config])(draw, run)
+        for _ in range(draw(st.integers(0, 2)))
+    ]
+    if run.state.pools and draw(st.booleans()):  # the same again: unchanged
+        name = some(draw, sorted(run.state.pools))
+        items.append(("config.pool", CONFIG_KINDS["pool"].payload(run.state.pools[name])))
+    deletions = tuple(
+        some(draw, [("pool", p) for p in POOLS] + [("class", c) for c in CLASSES])
+        for _ in range(draw(st.integers(0, 2)))
+    )
+    return apply_config(request_id(draw, run, fresh=True), *items, delete=deletions)
+
+
 GENERATORS: dict[str, Any] = {
     "vanish": vanish,
+    "failure": failure_report,
+    "host-command": host_command,
+    "apply-config": config_change,
     "verifier": verifier,
     "executor": executor,
     "fill": fill_host,
@@ -1540,6 +1597,9 @@ WEIGHTS = {
     "executor": 3,
     "verifier": 1,
     "vanish": 2,
+    "failure": 2,
+    "host-command": 1,
+    "apply-config": 1,
 }
 KIND_CHOICES = [k for k, w in WEIGHTS.items() for _ in range(w)]
 

@@ -92,6 +92,7 @@ def test_input_subjects_by_family() -> None:
         "rc.in.host.h1.inventory",
         "rc.in.host.h1.lifecycle",
         "rc.in.host.h1.observation",
+        "rc.in.host.h1.failure",
     ]
     assert [rc.config_input(k, "n") for k in CONFIG_KINDS] == [
         "rc.in.config.pool.n",

@@ -13,11 +13,14 @@ from typing import Any
 import orjson
 import pytest
 
-from reconciler.core.queries import QUERIES, QueryError
+from reconciler.core.inputs import ApplyConfig, from_payload
+from reconciler.core.model import PoolName
+from reconciler.core.queries import QUERIES, QueryError, config_check
 from reconciler.core.state import Effects
 from tests.support.builders import (
     Fleet,
     admit,
+    apply_config,
     cmd,
     gpu,
     gpu_class,
@@ -330,3 +333,57 @@ def test_unsuitable_hosts_for_an_unknown_pool_is_not_found() -> None:
     fleet = gpu_hosts()
 
     assert query_error(fleet, "unsuitable-hosts", pool="ghost", potential_hosts=[]) == "not-found"
+
+
+# ---------------------------------------------------------------------- config
+
+
+def config_of(fleet: Fleet, **request: Any) -> Any:
+    return QUERIES["config"](fleet.state, request)
+
+
+def test_config_lists_the_config_in_force_as_apply_accepts_it() -> None:
+    fleet = Fleet()
+    fleet.send(pool("b"), pool("a", max_instances=3), gpu_class("a100", model="A100"))
+    everything = config_of(fleet)["items"]
+    assert [
+        (i["kind"], i["payload"].get("pool", i["payload"].get("class"))) for i in everything
+    ] == [
+        ("pool", "a"),
+        ("pool", "b"),
+        ("class", "a100"),
+    ]
+    (one,) = config_of(fleet, kind="pool", name="a")["items"]
+    assert one["payload"]["max_instances"] == 3 and one["payload"]["v"] == 1
+    assert config_of(fleet, kind="gpu-policy") == {"items": []}
+    with pytest.raises(QueryError) as missing:
+        config_of(fleet, kind="pool", name="zzz")
+    assert missing.value.code == "not-found"
+    for bad in ({"kind": "pools"}, {"name": "a"}):
+        with pytest.raises(QueryError) as invalid:
+            config_of(fleet, **bad)
+        assert invalid.value.code == "invalid"
+
+
+def test_config_check_says_what_apply_would_do_field_by_field() -> None:
+    fleet = Fleet()
+    fleet.send(pool("a", min_ready=1, max_ready=2))
+    _, body = apply_config(
+        "check", pool("a", min_ready=2, max_ready=2), pool("bad", min_ready=2, max_ready=1)
+    )
+    change = from_payload("cmd.apply-config", body)
+    assert isinstance(change, ApplyConfig)
+    result = config_check(fleet.state, change)
+    assert result == {
+        "ok": False,
+        "items": [
+            {
+                "kind": "pool",
+                "name": "a",
+                "change": "updated",
+                "fields": [["warm.min_ready", 1, 2]],
+            },
+            {"kind": "pool", "name": "bad", "error": "pool 'bad': warm.min_ready 2 > max_ready 1"},
+        ],
+    }
+    assert fleet.state.pools[PoolName("a")].warm.min_ready == 1

@@ -144,11 +144,19 @@ def test_each_user_may_use_only_its_own_consumers() -> None:
     executor = perms["executor"].publish
     assert "$JS.API.CONSUMER.MSG.NEXT.RC_OUT.executor-h2" in executor
     assert not any("CREATE" in s for s in executor)
-    assert not any(s.startswith(("rc.in.", "rc.out.")) for s in executor)
+    # the executor reports its hosts' failures, and publishes nothing else on the bus
+    assert [s for s in executor if s.startswith(("rc.in.", "rc.out."))] == [
+        f"rc.in.host.{host}.failure" for host in sorted(fleet.incus_hosts)
+    ]
+    # a producer sends commands, but not the operators' (config, host lifecycle)
+    producer = perms["producer"].publish
+    assert "rc.in.cmd.admit" in producer and "rc.in.host.*.failure" in producer
+    assert not any(s in producer for s in ("rc.in.cmd.>", "rc.in.cmd.apply-config"))
+    assert "rc.in.cmd.drain" not in producer
     # another prefix renames every subject, stream and consumer
     other = permissions(dataclasses.replace(fleet, prefix="ci"))
     assert "$JS.ACK.CI_IN.CI_IN-r1.>" in other["r1"].publish
-    assert "ci.in.cmd.>" in other["producer"].publish
+    assert "ci.in.cmd.claim-warm" in other["producer"].publish
 
 
 def test_a_rotation_keeps_the_previous_nkey_accepted_until_it_is_retired(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from reconciler.executor.records import ExecutorStore, FinishedCommand
 from reconciler.incus.client import IncusEndpoint, IncusHost
 from reconciler.incus.simulator import Fleet, Listen, default_fleet
 from tests.incus.conftest import FAST, make_fleet
+from tests.support.bus import BusClient
 from tests.support.executor import (
     GPU_PCI,
     NAMES,
@@ -419,6 +420,12 @@ async def test_a_definite_refusal_is_terminated(
     assert (record.outcome, record.attempts) == ("rejected", 1)
     assert why in record.detail
     assert all(name != "w-10" for (_, name) in fleet.host(CPU).instances)
+    # what failed for good comes back as the host's failure input, once
+    (report,) = await BusClient(bus, prefix=PREFIX).inputs(f"{PREFIX}.in.host.{CPU}.failure")
+    assert report.msg_id == "failure:L10:create"
+    body = report.json()
+    assert (body["lease_id"], body["instance"], body["action"]) == ("L10", "w-10", "create")
+    assert why in body["error"] and body["command_id"] == "create:L10"
 
 
 async def test_a_failure_that_does_not_pass_gives_up_after_max_attempts(
@@ -432,6 +439,23 @@ async def test_a_failure_that_does_not_pass_gives_up_after_max_attempts(
         await settled(bus, CPU)
     assert (record.outcome, record.attempts) == ("gave-up", 3)
     assert "simulated failure" in record.detail
+    (report,) = await BusClient(bus, prefix=PREFIX).inputs(f"{PREFIX}.in.host.{CPU}.failure")
+    assert report.json()["action"] == "create"
+    assert report.json()["error"].endswith("(after 3 attempts)")
+
+
+async def test_a_start_that_keeps_failing_is_reported_as_a_start_failure(
+    fleet: Fleet, bus: Client, db: Path
+) -> None:
+    fleet.host(CPU).fail_next("start", count=10)
+    config = fast_config(bus_url(bus), db, endpoints_of(fleet), max_attempts=2)
+    async with running_executor(config) as running:
+        await publish(bus, create_cmd(CPU, "w-12", "L12"))
+        record = await running.record("create:L12")
+        await settled(bus, CPU)
+    assert record.outcome == "gave-up"
+    (report,) = await BusClient(bus, prefix=PREFIX).inputs(f"{PREFIX}.in.host.{CPU}.failure")
+    assert (report.msg_id, report.json()["action"]) == ("failure:L12:start", "start")
 
 
 async def test_bad_commands_are_refused_without_touching_incus(

@@ -19,9 +19,11 @@ from nats.aio.client import Client
 import reconciler.replay.replay as replay_module
 import reconciler.replica.pipeline as pipeline_module
 from reconciler.bus.connection import ConnectOptions
+from reconciler.bus.schemas import SCHEMAS_DIR_ENV
 from reconciler.bus.streams import StreamNames
 from reconciler.core.fold import fold_input
 from reconciler.core.inputs import Input
+from reconciler.core.messages import MAX_OUTPUT_BYTES
 from reconciler.core.state import Effects, State
 from reconciler.replay.readers import (
     COMPARE_STALL_S,
@@ -34,6 +36,7 @@ from reconciler.replay.replay import ReplayError, replay_into
 from reconciler.replica.snapshot_bucket import SnapshotBucket, SnapshotPublisher, object_name
 from reconciler.store.snapshot_format import read_snapshot
 from reconciler.store.sqlite import Store
+from tests.replica.test_pipeline_in_replica import lenient_pool_schemas
 from tests.replica.test_snapshot_bucket import digest_of, fold_with_snapshot, tamper
 from tests.support import builders as b
 from tests.support.bus import BusClient, fast_config, running_replica
@@ -131,6 +134,35 @@ async def test_a_fold_bug_is_replayed_as_the_live_line_recovered(
         assert report.dead_letters == 1 and report.inputs == 12
         assert report.digest == live
     assert calls == [None, None]
+
+
+async def test_an_output_too_large_is_replayed_as_the_live_line_dead_lettered_it(
+    nc: Client, nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An input whose create command would be too large to carry is dead-lettered
+    ``too-large`` live; the replay meets the same bound at the same input, and does the
+    same (the schemas' bound on an image is lifted to make one)."""
+    monkeypatch.setenv(SCHEMAS_DIR_ENV, str(lenient_pool_schemas(tmp_path)))
+    kind, huge = b.pool("huge", min_ready=0, max_ready=1)
+    huge["image"] = "i" * (MAX_OUTPUT_BYTES + 1_000)
+    bus = BusClient(nc)
+    db = tmp_path / "rc.db"
+    async with running_replica(fast_config(nats_url, db)):
+        await bus.send(
+            b.snapshot("h1", cpu=64, memory_mib=262144, disk_gib=4000),
+            (kind, huge),
+            b.admit("w1", "huge", "w-1", kind="warm"),
+            b.pool("web", cpu=1, memory_mib=1024, disk_gib=10),
+            b.admit("a1", "web", "vm-1"),
+        )
+        await bus.wait_caught_up()
+        await bus.wait_output("rc.out.dlq.too-large")
+    live = await digest_of(db)
+    for opts in (None, ConnectOptions.from_url(nats_url)):
+        report = await replay_into(nc, connect_opts=opts)
+        assert report.divergences == []
+        assert report.dead_letters == 1 and report.inputs == 5
+        assert report.digest == live
 
 
 async def test_a_refused_snapshot_stops_the_child_reader_too(

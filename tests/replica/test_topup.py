@@ -13,7 +13,16 @@ from reconciler.core.model import HostName, PoolName
 from reconciler.core.state import State
 from reconciler.replica.pipeline import Commit, Pipeline
 from reconciler.replica.topup import WarmPoolReconciler
-from tests.support.builders import Fleet, admit, cmd, inventory, pool, snapshot
+from tests.support.builders import (
+    Fleet,
+    admit,
+    cmd,
+    failure,
+    inventory,
+    lifecycle,
+    pool,
+    snapshot,
+)
 from tests.support.clock import FakeClock
 
 WEB = PoolName("web")
@@ -106,5 +115,40 @@ def test_a_pool_that_needs_nothing_any_more_ends_its_backoff() -> None:
     fleet = _full_fleet()
     warm = _refused(fleet, clock)
     fleet.send(pool("web", cpu=4, min_ready=0, max_ready=0))
+    anyio.run(warm.reconcile, "web")
+    assert WEB not in warm.refused
+
+
+def test_a_pool_whose_warm_vms_fail_to_be_created_backs_off_longer_each_time() -> None:
+    """The executor's failure releases the lease at once; the pool must not ask again at
+    once, for ever (a bad image): each failure doubles its wait, and nothing but its
+    backoff (not room appearing, not its own leases changing) looks again sooner."""
+    clock = FakeClock()
+    fleet = Fleet()
+    fleet.send(snapshot("h1", cpu=16), pool("web", cpu=4, min_ready=1, max_ready=1))
+    warm = WarmPoolReconciler(
+        pipeline=cast(Pipeline, _Caches(fleet.state)), js=cast(Any, None), prefix="rc", clock=clock
+    )
+    waits = []
+    for attempt in range(4):
+        _send(warm, fleet, admit(f"w{attempt}", "web", f"w-{attempt}", kind="warm"))
+        lease = fleet.state.lease_of_instance(f"w-{attempt}")
+        assert lease is not None
+        _send(warm, fleet, failure("h1", lease.instance, lease.lease_id, "create", "no image"))
+        count, due = warm.refused[WEB]
+        assert count == attempt + 1
+        waits.append(due - clock())
+        _send(warm, fleet, snapshot("h1", cpu=32, revision=attempt + 2))  # room appears
+        assert warm.refused[WEB] == (count, due)  # which does not cut the backoff
+        anyio.run(warm.reconcile, "web")  # a look meanwhile publishes nothing (js is None)
+        assert warm.published == 0 and warm.queue.waiting()[WEB] <= due
+    assert waits == [warm.backoff_base_s * 2**n for n in range(4)]
+    # a VM of the pool that becomes ready again ends the backoff
+    _send(
+        warm,
+        fleet,
+        admit("ok", "web", "w-ok", kind="warm"),
+        lifecycle("h1", "instance-ready", "w-ok"),
+    )
     anyio.run(warm.reconcile, "web")
     assert WEB not in warm.refused

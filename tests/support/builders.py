@@ -264,6 +264,37 @@ def admit(
     return cmd(verb, request_id, pool=pool_name, instance=name, kind=kind, **fields)
 
 
+def apply_config(
+    request_id: str,
+    *items: tuple[str, dict[str, Any]],
+    delete: tuple[tuple[str, str], ...] = (),
+) -> tuple[str, dict[str, Any]]:
+    """An ``apply-config`` change of config items (as the builders above make them) and
+    deletions (``(kind, name)``)."""
+    payload: dict[str, Any] = {"v": 1, "request_id": request_id}
+    if items:
+        payload["items"] = [
+            {"kind": kind.removeprefix("config."), "payload": body} for kind, body in items
+        ]
+    if delete:
+        payload["delete"] = [{"kind": kind, "name": name} for kind, name in delete]
+    return "cmd.apply-config", payload
+
+
+def failure(
+    host: str, name: str, lease_id: str, action: str, error: str = "refused"
+) -> tuple[str, dict[str, Any]]:
+    return "host.failure", {
+        "v": 1,
+        "host": host,
+        "instance": name,
+        "project": "default",
+        "lease_id": lease_id,
+        "action": action,
+        "error": error,
+    }
+
+
 def message(seq: int, item: tuple[str, dict[str, Any]]) -> Message:
     kind, payload = item
     return Message(

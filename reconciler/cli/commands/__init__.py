@@ -6,7 +6,9 @@
 - Setting up: :mod:`.provision` (streams, bucket and consumers, as an admin),
   :mod:`.credentials` (the deployment's certificates and NATS accounts).
 - Talking to the replicas: :mod:`.cmd` (one command and its decisions), :mod:`.query`,
-  :mod:`.apply` (configuration from a file).
+  :mod:`.apply` (configuration from a file, whole or not at all), :mod:`.get`,
+  :mod:`.diff` and :mod:`.delete` (the config in force, compared, deleted);
+  :mod:`.cordon`, :mod:`.uncordon` and :mod:`.drain` (hosts out of service and back).
 - Looking back: :mod:`.replay`, :mod:`.audit` (a lease's timeline), :mod:`.status`
   (hosts and pools from a store), and :mod:`.demo`.
 

@@ -193,9 +193,10 @@ def _input_seq_of(events: dict[int, list[dict[str, Any]]], command: dict[str, An
 def _header(lease: Any) -> str:
     job = f" job={lease.job}" if lease.job else ""
     gpus = f" gpus={list(lease.gpus)}" if lease.gpus else ""
+    fault = f"\n  fault: {lease.fault}" if lease.fault else ""
     return (
         f"lease {lease.lease_id}: {lease.instance} on {lease.host} ({lease.pool}, "
-        f"{lease.kind.value}) is {lease.state.value}{job}{gpus}"
+        f"{lease.kind.value}) is {lease.state.value}{job}{gpus}{fault}"
     )
 
 

@@ -46,7 +46,8 @@ __all__ = ["bridge"]
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help='What Incus does not say of a host: {"defaults": {"reserve": {"cpu", "memory_mib", '
     '"disk_gib"}, "labels": {}, "schedulable": true, "gpu_profile": null, "storage_pool": '
-    '"default"}, "hosts": {"<host>": {…}}}.',
+    '"default"}, "hosts": {"<host>": {…}}}. A host takes new work only when it says '
+    "schedulable and no operator cordoned it (reconciler cordon, drain; uncordon).",
 )
 @click.option(
     "--resync-interval",

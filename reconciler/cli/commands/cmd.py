@@ -7,9 +7,14 @@ fold's domain checks before it is published (through the producer's client,
 :mod:`reconciler.client`); nothing is sent when it is bad. Then the decisions on
 ``<prefix>.out.decision.<request_id>`` are printed until the final one.
 
-Exit status: 0 for ``admitted``, ``claimed``, ``authorized`` and ``ok``; 1 for a refusal
-(``rejected``, ``no-warm``, ``refused``, ``error``), bad input, an unreachable server or
-no final decision within ``--wait``; 2 for a usage error.
+A field the command's schema does not name (``cpu=4`` on ``admit``, a typo) is refused
+before anything is published, with the field it is closest to: the bus would carry it
+and the fold ignore it.
+
+Exit status: 0 for ``admitted``, ``claimed``, ``authorized``, ``applied`` and ``ok``; 1
+for a refusal (``rejected``, ``no-warm``, ``refused``, ``error``), bad input, an
+unreachable server or no final decision within ``--wait`` (no replica answered); 2 for
+a usage error.
 """
 
 from __future__ import annotations
@@ -26,15 +31,16 @@ from reconciler.cli.options import (
     bus_options,
     common_from,
     connect_timeout_option,
+    decision_wait_option,
     oneshot_log_options,
 )
 from reconciler.client import NoDecision, NoStream, ReconcilerClient
 from reconciler.core.messages import COMMAND_VERBS, Decision, Origin
 
-__all__ = ["SUCCESS", "VERBS", "describe_decision", "parse_body", "send_cmd"]
+__all__ = ["SUCCESS", "VERBS", "describe_decision", "parse_body", "send_and_print", "send_cmd"]
 
 VERBS = tuple(sorted(COMMAND_VERBS))
-SUCCESS = frozenset({"admitted", "claimed", "authorized", "ok"})
+SUCCESS = frozenset({"admitted", "claimed", "authorized", "applied", "ok"})
 
 
 def parse_body(body_json: str | None, pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -92,13 +98,7 @@ def describe_decision(d: dict[str, Any]) -> str:
 @click.argument("verb", type=click.Choice(VERBS))
 @click.argument("pairs", nargs=-1, metavar="[key=value | key:=JSON]...")
 @click.option("--json", "body_json", metavar="BODY", help="The command as one JSON object.")
-@click.option(
-    "--wait",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    show_default=True,
-    help="Seconds to wait for the final decision (0: publish only, do not wait).",
-)
+@decision_wait_option
 @click.option("--raw", is_flag=True, help="Print each decision as the JSON that travelled.")
 @bus_options
 @connect_timeout_option
@@ -124,7 +124,7 @@ def send_cmd(
             f"not a valid {verb} command, nothing published:\n  " + "\n  ".join(problems)
         )
     final = anyio.run(
-        lambda: _send(common.nats, common.prefix, verb, body, wait, raw, connect_timeout)
+        lambda: send_and_print(common.nats, common.prefix, verb, body, wait, raw, connect_timeout)
     )
     if final is None:
         return
@@ -132,10 +132,13 @@ def send_cmd(
         raise SystemExit(1)
 
 
-async def _send(
+async def send_and_print(
     nats: Any, prefix: str, verb: str, body: dict[str, Any], wait: float, raw: bool,
     connect_timeout: float,
 ) -> Decision | None:  # fmt: skip
+    """Publish the command ``body`` as ``verb`` and print its decisions until the final
+    one (``None`` with ``wait`` 0: not waited for); a :class:`click.ClickException` when
+    no final decision comes within ``wait``."""
     request_id = str(body["request_id"])
     nc = await connect_once(nats, connect_timeout)
     try:

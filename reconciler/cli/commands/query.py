@@ -22,27 +22,23 @@ from reconciler.cli.options import (
     common_from,
     connect_timeout_option,
     oneshot_log_options,
+    reply_timeout_option,
 )
 from reconciler.client import NoReplica, ReconcilerClient
 from reconciler.core.messages import MessageError, Origin, QueryReply
+from reconciler.core.queries import ADAPTER_QUERIES
 from reconciler.core.queries import QUERIES as CORE_QUERIES
 
 __all__ = ["QUERIES", "query_cmd"]
 
-#: every query the replicas answer: the core's, and ``health`` (answered by the adapter)
-QUERIES = tuple(sorted([*CORE_QUERIES, "health"]))
+#: every query the replicas answer: the core's, and those the replica answers itself
+QUERIES = tuple(sorted([*CORE_QUERIES, *ADAPTER_QUERIES]))
 
 
 @click.command("query", short_help="Ask the replicas a query and print the reply.")
 @click.argument("name", type=click.Choice(QUERIES))
 @click.argument("request", required=False, default="{}", metavar="[JSON]")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=5.0,
-    show_default=True,
-    help="Seconds to wait for a replica's reply.",
-)
+@reply_timeout_option(5.0)
 @bus_options
 @connect_timeout_option
 @oneshot_log_options

@@ -17,7 +17,7 @@ import orjson
 
 from reconciler.cli.options import db_option, oneshot_log_options
 from reconciler.core.model import HostName, PoolName
-from reconciler.core.status import host_status, pool_status
+from reconciler.core.status import failed_leases, host_status, pool_status
 from reconciler.store.errors import StoreError
 from reconciler.store.sqlite import Store
 
@@ -30,16 +30,17 @@ async def overview_lines(db: Path, *, as_json: bool = False) -> list[str]:
     seq = state.applied_seq
     hosts = [host_status(state, HostName(h), as_of_seq=seq) for h in sorted(state.hosts)]
     pools = [pool_status(state, PoolName(p), as_of_seq=seq) for p in sorted(state.pools)]
+    failures = failed_leases(state)
     if as_json:
         return [
             orjson.dumps({"type": kind, **row}).decode()
-            for kind, rows in (("host", hosts), ("pool", pools))
+            for kind, rows in (("host", hosts), ("pool", pools), ("failure", failures))
             for row in rows
             if row is not None
         ]
     lines = [f"applied up to input {seq}; {len(state.leases)} leases in the journal", ""]
     lines.append(
-        f"{'HOST':<20} {'SCHED':<5} {'CPU free/alloc':>15} {'MEM MiB free/alloc':>21} "
+        f"{'HOST':<20} {'SCHED':<9} {'CPU free/alloc':>15} {'MEM MiB free/alloc':>21} "
         f"{'DISK GiB free/alloc':>20} {'GPUS free':<12} LEASES"
     )
     for row in hosts:
@@ -54,7 +55,34 @@ async def overview_lines(db: Path, *, as_json: bool = False) -> list[str]:
     for row in pools:
         if row is not None:
             lines.append(_pool_line(row))
+    if failures:
+        shown = failures[:_FAILURES_SHOWN]
+        more = len(failures) - len(shown)
+        lines += ["", f"FAILURES (newest first{f'; {more} more: --json' if more else ''})"]
+        lines += [_failure_line(row) for row in shown]
     return lines
+
+
+#: failures listed in the text view (all of them with --json)
+_FAILURES_SHOWN = 10
+
+
+def _schedulable(row: dict[str, Any]) -> str:
+    """``yes``, ``no`` (its snapshot says so), or an operator's cordon: ``cordoned``,
+    ``draining``, and ``drained`` once a draining host holds no lease."""
+    cordon = row.get("cordon")
+    if cordon == "draining" and not row["leases_by_state"]:
+        return "drained"
+    if cordon is not None:
+        return str(cordon)
+    return "yes" if row["schedulable"] else "no"
+
+
+def _failure_line(row: dict[str, Any]) -> str:
+    return (
+        f"  {row['lease_id']} {row['instance']} on {row['host']} ({row['pool']}, "
+        f"{row['state']}): {row['fault']}"
+    )
 
 
 def _pair(row: dict[str, Any], key: str) -> str:
@@ -65,7 +93,7 @@ def _host_line(row: dict[str, Any]) -> str:
     leases = ", ".join(f"{n} {state}" for state, n in row["leases_by_state"].items()) or "-"
     gpus = _gpus(row)
     return (
-        f"{row['host']:<20} {'yes' if row['schedulable'] else 'no':<5} "
+        f"{row['host']:<20} {_schedulable(row):<9} "
         f"{_pair(row, 'cpu'):>15} {_pair(row, 'memory_mib'):>21} "
         f"{_pair(row, 'disk_gib'):>20} {gpus:<12} {leases}"
     )

@@ -7,8 +7,10 @@ request ids, and every choice ends in a total order on names. A message at or be
 
 :func:`fold` dispatches each input by its type to the part of the fold that knows it:
 
-- :mod:`.hosts`: snapshots, inventories, lifecycle events, observations;
-- :mod:`.config`: pools, resource classes, GPU profiles and policies;
+- :mod:`.hosts`: snapshots, inventories, lifecycle events, observations, failures, and
+  the operators' host commands (cordon, uncordon, drain);
+- :mod:`.config`: pools, resource classes, GPU profiles and policies, one at a time or
+  as one ``apply-config`` change;
 - :mod:`.commands`: admit, claim-warm, drains, the mark-* commands, release, render-runtime;
 - :mod:`.gates`: the launch gate of a preemptible admission, which host inputs and
   releases open;
@@ -28,11 +30,11 @@ from typing import Any, get_args
 
 from reconciler.core import inputs as ev
 from reconciler.core.fold import commands, config, hosts
-from reconciler.core.fold.step import Step
+from reconciler.core.fold.step import OutputTooLarge, Step
 from reconciler.core.retention import evict_expired
 from reconciler.core.state import Effects, State
 
-__all__ = ["fold", "fold_input"]
+__all__ = ["OutputTooLarge", "fold", "fold_input"]
 
 # Speed notes, for every module of the fold (the hot path of the live line and of
 # replay):
@@ -92,10 +94,12 @@ _HANDLERS: dict[type, Callable[[Step, Any], None]] = {
     ev.HostInventory: hosts.on_inventory,
     ev.Lifecycle: hosts.on_lifecycle,
     ev.Observation: hosts.on_observation,
+    ev.Failure: hosts.on_failure,
     ev.PoolConfig: config.on_pool,
     ev.ClassConfig: config.on_class,
     ev.GpuProfileConfig: config.on_gpu_profile,
     ev.GpuPolicyConfig: config.on_gpu_policy,
+    ev.RefusedConfig: config.on_refused_config,
     ev.Admit: commands.on_admit,
     ev.ClaimWarm: commands.on_claim_warm,
     ev.AuthorizeWarmDrain: commands.on_drain,
@@ -104,4 +108,8 @@ _HANDLERS: dict[type, Callable[[Step, Any], None]] = {
     ev.MarkDeleting: commands.on_mark_deleting,
     ev.Release: commands.on_release,
     ev.RenderRuntime: commands.on_render_runtime,
+    ev.ApplyConfig: config.on_apply_config,
+    ev.Cordon: hosts.on_cordon,
+    ev.Uncordon: hosts.on_uncordon,
+    ev.Drain: hosts.on_drain_host,
 }

@@ -18,7 +18,6 @@ from reconciler.core.model import (
     CLAIMED,
     CREATED,
     DELETING,
-    DRAINING,
     INJECTED,
     RELEASED,
     RESERVED,
@@ -265,8 +264,7 @@ def on_drain(step: Step, cmd: ev.AuthorizeWarmDrain) -> None:
             detail=f"lease is {lease.kind.value} and {lease.state.value}",
         )
         return
-    drained = step.move(lease, DRAINING, verb)
-    step.exec_delete(drained, "drained")
+    drained = step.drain(lease, verb)
     step.decide(cmd.request_id, verb, "authorized", lease=drained)
 
 

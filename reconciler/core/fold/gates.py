@@ -6,7 +6,10 @@ what its victims hold until every victim is released (:func:`held_by`); a lease 
 while its victims still run waits for them as ``deleting`` (:func:`release`); once its
 victims are gone, its gate opens when a snapshot or inventory of its host newer than the
 pending decision proves the fit again (:func:`check_gates`), and it is decided
-``admitted``.
+``admitted``. A victim whose VM cannot be deleted ends the preemption
+(:func:`victim_failed`): the request is decided ``rejected`` (``preemption-failed``),
+its lease released, and every one of its victims books its own room again as
+``deleting`` (they are still there until Incus says otherwise).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from reconciler.core.model import (
 )
 from reconciler.core.placement import booking
 
-__all__ = ["check_gates", "held_by", "release"]
+__all__ = ["check_gates", "held_by", "release", "victim_failed"]
 
 
 def release(step: Step, lease: Lease, event: str) -> None:
@@ -76,6 +79,40 @@ def _victim_gone(step: Step, victim: Lease) -> None:
     check_gates(step, pending.host)
 
 
+def victim_failed(step: Step, victim: Lease, fault: str) -> None:
+    """A victim's VM cannot be deleted: end the preemption that waits for it."""
+    record = step.state.decisions.get(victim.victim_of) if victim.victim_of else None
+    pending = step.state.leases.get(record.lease_id) if record and record.lease_id else None
+    step.move(victim, DELETING, "delete-failed", victim_of=None, fault=fault)
+    if pending is None or pending.gate_seq is None:
+        return
+    # its other victims, being deleted, book their own room again until they are gone
+    for lease_id in pending.awaiting_victims:
+        other = step.state.leases[lease_id]
+        if lease_id != victim.lease_id and other.state is not RELEASED:
+            step.move(other, DELETING, "preemption-failed", victim_of=None)
+    waiting = pending.state is not DELETING  # not released by its requester meanwhile
+    released = step.move(
+        pending,
+        RELEASED,
+        "preemption-failed",
+        gate_seq=None,
+        awaiting_victims=(),
+        held=ZERO,
+        held_gpus=(),
+        fault=fault,
+    )
+    if waiting and released.request_id is not None:
+        step.decide(
+            released.request_id,
+            "admit-preemptible",
+            "rejected",
+            reason="preemption-failed",
+            detail=f"victim {victim.instance} on {victim.host} cannot be deleted: {fault}",
+            lease=released,
+        )
+
+
 def held_by(step: Step, victims: Iterable[LeaseId]) -> tuple[Resources, tuple[int, ...]]:
     total = Resources()
     gpus: set[int] = set()
@@ -95,7 +132,7 @@ def check_gates(step: Step, host_name: HostName) -> None:
     for lease in step.state.gated_on(host_name):
         if lease.awaiting_victims or lease.state is not RESERVED:
             continue
-        if not host.schedulable:
+        if not host.admits:
             step.note(f"gate of {lease.lease_id} stays shut: {host_name} is unschedulable")
             continue
         gate = lease.gate_seq or 0

@@ -10,6 +10,22 @@ executor to delete a VM that carries a released lease's tag. A lifecycle event m
 the active lease of its instance on that host and project only. Snapshots and
 inventories may open the launch gates of their host, as the release of a victim may
 (:mod:`.gates`).
+
+A failure (``in.host.<host>.failure``, from the executor or a producer that creates
+instances itself) names a lease: a create or start that failed releases it if it is
+still reserved or created (its room is free again; anything half-made that carries its
+tag is deleted as an orphan by the next inventory); a delete that cannot be done leaves
+it ``deleting``, booking its room, until Incus says it is gone or an operator releases
+it, and a victim's ends the preemption that waits for it (:func:`.gates.victim_failed`).
+The lease keeps the failure as its ``fault``. A failure for a lease that is gone, or in
+another state, is recorded and changes nothing.
+
+Operators' host commands: ``cordon`` (nothing new is admitted on the host, whatever its
+snapshot says), ``drain`` (cordoned, and its idle warm VMs, booting or ready and
+unclaimed, are drained at once; claimed VMs and cold leases run to their end) and
+``uncordon`` (both lifted; a snapshot that says unschedulable still keeps new work off).
+The cordon belongs to the host's name: a reinstalled host (a new ``uid``) keeps it. A
+host no snapshot has named is refused (``unknown-host``).
 """
 
 from __future__ import annotations
@@ -17,12 +33,16 @@ from __future__ import annotations
 from typing import Any
 
 from reconciler.core import inputs as ev
-from reconciler.core.fold.gates import check_gates, release
+from reconciler.core.fold.gates import check_gates, release, victim_failed
 from reconciler.core.fold.step import Step
+from reconciler.core.messages import clip
 from reconciler.core.model import (
     CLAIMED,
     COLD,
+    CORDONED,
     CREATED,
+    DELETING,
+    DRAINING_HOST,
     READY,
     RELEASED,
     RESERVED,
@@ -30,6 +50,7 @@ from reconciler.core.model import (
     TAG_KIND,
     TAG_LEASE_ID,
     TAG_POOL,
+    VICTIM,
     WARM,
     Host,
     HostName,
@@ -37,12 +58,23 @@ from reconciler.core.model import (
     Lease,
     LeaseId,
     PoolName,
+    RequestId,
     Resources,
     evolve_host,
 )
 from reconciler.core.runtime import runtime_basis
+from reconciler.core.state import is_idle_warm
 
-__all__ = ["on_inventory", "on_lifecycle", "on_observation", "on_snapshot"]
+__all__ = [
+    "on_cordon",
+    "on_drain_host",
+    "on_failure",
+    "on_inventory",
+    "on_lifecycle",
+    "on_observation",
+    "on_snapshot",
+    "on_uncordon",
+]
 
 _NO_GPUS: frozenset[int] = frozenset()
 
@@ -59,6 +91,8 @@ def on_snapshot(step: Step, snap: ev.HostSnapshot) -> None:
         step.note(f"snapshot r{snap.revision} of {snap.host} is stale; ignored")
         return
     base = old if (old is not None and same_identity) else Host(name=snap.host, uid=snap.uid)
+    if old is not None and not same_identity and old.cordon is not None:
+        base = evolve_host(base, cordon=old.cordon)  # an operator's cordon names the host
     gpus = snap.gpus  # most hosts have none: skip the sort and the set then
     gpu_inputs_changed = (
         base.gpus != snap.gpus
@@ -265,3 +299,110 @@ def on_observation(step: Step, obs: ev.Observation) -> None:
         release(step, lease, "verified-absent")
     else:
         step.note(f"observation of {obs.instance} older than its suspicion; ignored")
+
+
+# ------------------------------------------------------------------------ failures
+
+
+def on_failure(step: Step, failure: ev.Failure) -> None:
+    lease = step.state.leases.get(failure.lease_id)
+    what = f"{failure.action} of {failure.instance} on {failure.host} failed"
+    if lease is None or lease.instance != failure.instance or lease.host != failure.host:
+        step.note(f"{what}: no such lease {failure.lease_id} there; recorded")
+        return
+    if lease.state is RELEASED:
+        step.note(f"{what}: {lease.lease_id} is released already; recorded")
+        return
+    fault = clip(f"{failure.action} failed: {failure.error}")
+    event = f"{failure.action}-failed"
+    if failure.action == "delete":
+        if lease.state is VICTIM:
+            victim_failed(step, lease, fault)
+        else:
+            step.move(lease, DELETING, event, fault=fault)
+        return
+    if lease.state not in (RESERVED, CREATED) or lease.gate_seq is not None:
+        step.note(f"{what}: {lease.lease_id} is {lease.state.value}; recorded")
+        return
+    faulted = step.move(lease, lease.state, event, fault=fault)
+    release(step, faulted, event)
+    if lease.kind is WARM:
+        step.fx.failed_pools.add(lease.pool)
+
+
+# -------------------------------------------------------------- operators' commands
+
+
+def on_cordon(step: Step, cmd: ev.Cordon) -> None:
+    host = _known_host(step, cmd.request_id, cmd.verb, cmd.host)
+    if host is None:
+        return
+    if host.cordon is not None:
+        step.decide(cmd.request_id, cmd.verb, "ok", detail=f"{host.name} is {host.cordon} already")
+        return
+    _set_cordon(step, host, CORDONED)
+    step.decide(
+        cmd.request_id,
+        cmd.verb,
+        "ok",
+        detail=f"{host.name} cordoned: nothing new is admitted there{_snapshot_says(host)}",
+    )
+
+
+def on_uncordon(step: Step, cmd: ev.Uncordon) -> None:
+    host = _known_host(step, cmd.request_id, cmd.verb, cmd.host)
+    if host is None:
+        return
+    if host.cordon is None:
+        detail = f"{host.name} was not cordoned{_snapshot_says(host)}"
+    else:
+        _set_cordon(step, host, None)
+        detail = f"{host.name} uncordoned{_snapshot_says(host)}"
+        check_gates(step, host.name)
+    step.decide(cmd.request_id, cmd.verb, "ok", detail=detail)
+
+
+def on_drain_host(step: Step, cmd: ev.Drain) -> None:
+    host = _known_host(step, cmd.request_id, cmd.verb, cmd.host)
+    if host is None:
+        return
+    if host.cordon != DRAINING_HOST:
+        _set_cordon(step, host, DRAINING_HOST)
+    idle = [le for le in step.state.active_on_host(host.name) if is_idle_warm(le)]
+    for lease in idle:
+        step.drain(lease, "host-drained")
+    staying = len(step.state.on_host.get(host.name, ())) - len(idle)
+    names = ", ".join(le.instance for le in idle[:8]) + (", …" if len(idle) > 8 else "")
+    step.decide(
+        cmd.request_id,
+        cmd.verb,
+        "ok",
+        detail=f"{host.name} draining: {len(idle)} idle warm VM(s) deleted"
+        + (f" ({names})" if idle else "")
+        + f"; {staying} other lease(s) run to their end",
+    )
+
+
+def _known_host(step: Step, request_id: RequestId, verb: str, name: HostName) -> Host | None:
+    host = step.state.hosts.get(name)
+    if host is None:
+        step.decide(
+            request_id,
+            verb,
+            "rejected",
+            reason="unknown-host",
+            detail=f"no host named {name!r} has sent a snapshot",
+        )
+    return host
+
+
+def _set_cordon(step: Step, host: Host, cordon: str | None) -> None:
+    step.state.put_host(evolve_host(host, cordon=cordon))
+    step.fx.hosts.add(host.name)
+    step.fx.host_rows.add(host.name)
+
+
+def _snapshot_says(host: Host) -> str:
+    if host.schedulable:
+        return ""
+    return "; its snapshot says unschedulable (the bridge's host settings), which still holds"

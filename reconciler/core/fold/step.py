@@ -16,10 +16,14 @@ from typing import Any
 
 from reconciler.core.expiry import SECONDS_SEEN, epoch_second
 from reconciler.core.messages import (
+    MAX_ERROR_CHARS,
+    MAX_OUTPUT_BYTES,
     UNPREFIXED,
     ConfigRejected,
     DeleteReason,
+    ItemResult,
     Output,
+    clip,
     create_command_id,
     create_payload,
     decision_output,
@@ -30,6 +34,9 @@ from reconciler.core.messages import (
     victim_payload,
 )
 from reconciler.core.model import (
+    DELETING,
+    DRAINING,
+    READY,
     RELEASED,
     Host,
     HostName,
@@ -43,7 +50,14 @@ from reconciler.core.model import (
 )
 from reconciler.core.state import DecisionRecord, Effects, State, Transition
 
-__all__ = ["Step"]
+__all__ = ["OutputTooLarge", "Step"]
+
+
+class OutputTooLarge(Exception):
+    """An input would make a decision or command larger than
+    :data:`~reconciler.core.messages.MAX_OUTPUT_BYTES`, which a NATS server may refuse
+    to carry. The step may have changed the state already: the caller drops it (the
+    live line reloads its committed state) and dead-letters the input ``too-large``."""
 
 
 class Step:
@@ -85,7 +99,10 @@ class Step:
         detail: str | None = None,
         lease: Lease | None = None,
         victims: Iterable[Lease] | None = None,
+        items: Iterable[ItemResult] | None = None,
     ) -> None:
+        if detail is not None and len(detail) > MAX_ERROR_CHARS:
+            detail = clip(detail)  # a decision's size stays bounded
         out = decision_output(
             request_id,
             verb,
@@ -97,7 +114,12 @@ class Step:
             detail,
             lease_payload(lease) if lease is not None else None,
             [victim_payload(v) for v in victims] if victims is not None else None,
+            [i.as_dict() for i in items] if items is not None else None,
         )
+        if len(out.payload) > MAX_OUTPUT_BYTES:
+            raise OutputTooLarge(
+                f"its {verb} decision would be {len(out.payload)} bytes, over {MAX_OUTPUT_BYTES}"
+            )
         final_at = self.now if phase == "final" else None
         state = self.state
         # positional: the fields' order is request_id, verb, phase, payload, lease_id, final_at
@@ -154,6 +176,14 @@ class Step:
         if lease.state is RELEASED:
             self._released(lease.lease_id)
 
+    def drain(self, lease: Lease, event: str) -> Lease:
+        """Drain an idle warm VM: ``draining`` when it is ready (no claim binds it any
+        more), ``deleting`` while it still boots, and a delete command with reason
+        ``drained``."""
+        drained = self.move(lease, DRAINING if lease.state is READY else DELETING, event)
+        self.exec_delete(drained, "drained")
+        return drained
+
     def exec_delete(
         self,
         lease: Lease,
@@ -193,7 +223,12 @@ class Step:
             # always the pool's type, its default spelled out: the executor need not know it
             (pool.instance_type or InstanceType.VIRTUAL_MACHINE).value,
         )
-        self.fx.outputs.append(exec_output("create", lease.host, command_id, payload))
+        out = exec_output("create", lease.host, command_id, payload)
+        if len(out.payload) > MAX_OUTPUT_BYTES:
+            raise OutputTooLarge(
+                f"its create command would be {len(out.payload)} bytes, over {MAX_OUTPUT_BYTES}"
+            )
+        self.fx.outputs.append(out)
 
     def reject_config(self, kind: str, name: str, error: str) -> None:
         rejected = ConfigRejected(kind=kind, name=name, error=error, input_seq=self.seq)

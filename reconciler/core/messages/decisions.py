@@ -2,7 +2,7 @@
 
 ``out.decision.<request_id>``, ``Nats-Msg-Id`` ``decision:<request_id>:<phase>``::
 
-    {v, request_id, verb, phase, outcome, reason?, detail?, lease?, victims?,
+    {v, request_id, verb, phase, outcome, reason?, detail?, lease?, victims?, items?,
      input_seq, decided_at}
 
 Rules:
@@ -45,9 +45,12 @@ from reconciler.core.messages.subjects import UNPREFIXED
 from reconciler.core.model import Lease, Resources
 
 __all__ = [
+    "ITEM_CHANGES",
     "PHASES",
     "DecidedLease",
     "Decision",
+    "ItemChange",
+    "ItemResult",
     "Phase",
     "Victim",
     "decision_output",
@@ -69,6 +72,8 @@ def lease_payload(lease: Lease) -> dict[str, object]:
         out["awaiting_victims"] = list(lease.awaiting_victims)
     d = lease.demand
     out["demand"] = {"cpu": d.cpu, "disk_gib": d.disk_gib, "memory_mib": d.memory_mib}
+    if lease.fault is not None:
+        out["fault"] = lease.fault
     out["gpus"] = list(lease.gpus)
     out["host"] = lease.host
     out["host_uid"] = lease.host_uid
@@ -100,14 +105,18 @@ def decision_output(
     detail: str | None,
     lease: dict[str, object] | None,
     victims: list[dict[str, object]] | None,
+    items: list[dict[str, object]] | None = None,
 ) -> Output:
     """One decision as the fold publishes it: ``lease`` and ``victims`` as built by
-    :func:`lease_payload` and :func:`victim_payload` (keys sorted). Positional, for the
-    fold's sake (it calls this for most inputs)."""
+    :func:`lease_payload` and :func:`victim_payload`, ``items`` (a config change's) by
+    :meth:`ItemResult.as_dict` (keys sorted). Positional, for the fold's sake (it calls
+    this for most inputs)."""
     payload: dict[str, Any] = {"decided_at": decided_at}
     if detail is not None:
         payload["detail"] = detail
     payload["input_seq"] = input_seq
+    if items is not None:
+        payload["items"] = items
     if lease is not None:
         payload["lease"] = lease
     payload["outcome"] = outcome
@@ -147,6 +156,8 @@ class DecidedLease:
     suspect: bool = False
     #: while it waits at a launch gate: the victims still to go (``None`` otherwise)
     awaiting_victims: tuple[str, ...] | None = None
+    #: what could not be done to its VM (an addition: a create refused, a delete failed)
+    fault: str | None = None
 
     def as_dict(self) -> dict[str, object]:
         """The JSON object, keys sorted: what :func:`lease_payload` builds."""
@@ -155,6 +166,8 @@ class DecidedLease:
             out["awaiting_victims"] = list(self.awaiting_victims)
         d = self.demand
         out["demand"] = {"cpu": d.cpu, "disk_gib": d.disk_gib, "memory_mib": d.memory_mib}
+        if self.fault is not None:
+            out["fault"] = self.fault
         out["gpus"] = list(self.gpus)
         out["host"] = self.host
         out["host_uid"] = self.host_uid
@@ -193,6 +206,7 @@ class DecidedLease:
             awaiting_victims=None
             if awaiting is None
             else tuple(field_strs(body, "awaiting_victims")),
+            fault=optional_str(body, "fault"),
         )
 
 
@@ -216,6 +230,44 @@ class Victim:
         )
 
 
+#: what became of one item of an ``apply-config`` change
+ItemChange = Literal["created", "updated", "deleted", "unchanged"]
+ITEM_CHANGES: Final[tuple[ItemChange, ...]] = get_args(ItemChange)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemResult:
+    """One item of an ``apply-config`` decision: the config it names (``kind`` as in its
+    subject, ``pool``, ``class``…), and what became of it, or why it was refused."""
+
+    kind: str
+    name: str
+    change: ItemChange | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {}
+        if self.change is not None:
+            out["change"] = self.change
+        if self.error is not None:
+            out["error"] = self.error
+        out["kind"] = self.kind
+        out["name"] = self.name
+        return out
+
+    @classmethod
+    def from_dict(cls, body: Mapping[str, Any]) -> ItemResult:
+        change = optional_str(body, "change")
+        if change is not None and change not in ITEM_CHANGES:
+            raise MessageError(f"unknown item change {change!r}")
+        return cls(
+            kind=field_str(body, "kind"),
+            name=field_str(body, "name"),
+            change=change,  # one of ITEM_CHANGES, checked above
+            error=optional_str(body, "error"),
+        )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Decision:
     """One decision, typed; see the module's rules."""
@@ -231,6 +283,8 @@ class Decision:
     lease: DecidedLease | None = None
     #: a pending preemption's victims (``None``: the decision names none)
     victims: tuple[Victim, ...] | None = None
+    #: an ``apply-config`` change's items (an addition; ``None`` for other verbs)
+    items: tuple[ItemResult, ...] | None = None
 
     @property
     def final(self) -> bool:
@@ -258,6 +312,7 @@ class Decision:
             self.detail,
             None if self.lease is None else self.lease.as_dict(),
             None if self.victims is None else [v.as_dict() for v in self.victims],
+            None if self.items is None else [i.as_dict() for i in self.items],
         )
 
     def encode(self) -> bytes:
@@ -280,6 +335,7 @@ class Decision:
             raise MessageError(f"unknown decision phase {phase!r}")
         lease = body.get("lease")
         victims = body.get("victims")
+        items = body.get("items")
         return cls(
             request_id=field_str(body, "request_id"),
             verb=field_str(body, "verb"),
@@ -293,4 +349,7 @@ class Decision:
             victims=None
             if victims is None
             else tuple(Victim.from_dict(v) for v in field_objects(body, "victims")),
+            items=None
+            if items is None
+            else tuple(ItemResult.from_dict(i) for i in field_objects(body, "items")),
         )

@@ -9,6 +9,9 @@ Rules:
   (docs/interface.md): folding the same stream twice gives the same bytes.
 - :func:`clip` bounds a sentence carried in a message (a dead letter's error, which may
   quote the payload) to :data:`MAX_ERROR_CHARS` characters.
+- No output is larger than :data:`MAX_OUTPUT_BYTES`: the fold refuses an input whose
+  decision or command would be (it is dead-lettered ``too-large``), so that nothing it
+  commits is one the server refuses to carry.
 """
 
 from __future__ import annotations
@@ -20,10 +23,23 @@ import orjson
 
 from reconciler.core.frozen import fast_init
 
-__all__ = ["MAX_ERROR_CHARS", "Output", "clip", "encode"]
+__all__ = [
+    "MAX_ERROR_CHARS",
+    "MAX_OUTPUT_BYTES",
+    "MAX_PAYLOAD_BYTES",
+    "Output",
+    "clip",
+    "encode",
+]
 
 #: error texts carried in messages are clipped to this many characters
 MAX_ERROR_CHARS: Final = 1_024
+#: the largest payload of an input (docs/interface.md; a larger one is dead-lettered
+#: ``too-large``), and the least ``max_payload`` a NATS server of the reconciler has
+MAX_PAYLOAD_BYTES: Final = 1_048_576
+#: the largest payload the fold writes: what a server with the least ``max_payload``
+#: takes, headers (a message id of at most a few hundred bytes) included
+MAX_OUTPUT_BYTES: Final = MAX_PAYLOAD_BYTES - 4_096
 
 _SORTED = orjson.OPT_SORT_KEYS
 

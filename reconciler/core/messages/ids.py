@@ -15,7 +15,9 @@ Rules:
   ``<origin>:<request_id>``                  a command, by who sent it (:class:`Origin`)
   ``observation:<lease>:<revision>:<bool>``  the leader's live check of a suspect lease
   ``lifecycle:<sha256 of the payload>``      an Incus lifecycle event, from the bridge
-  ``apply:<kind>:<name>:<sha256>``           a config item, from ``reconciler apply``
+  ``apply:<kind>:<name>:<sha256>``           a single config item (``publish_config``)
+  ``failure:<lease_id>:<action>``            what the executor (or GARM's provider) could
+                                             not do to a lease's instance
   ========================================  ===========================================
 
 - Host snapshots and inventories carry none: their revisions order them, and the fold
@@ -40,6 +42,7 @@ __all__ = [
     "dead_letter_id",
     "decision_id",
     "delete_command_id",
+    "failure_msg_id",
     "lifecycle_msg_id",
     "observation_msg_id",
     "rejection_id",
@@ -99,6 +102,12 @@ def observation_msg_id(lease_id: str, revision: int, present: bool) -> str:
     """``observation:<lease_id>:<revision>:<true|false>``: two leaders checking the same
     suspicion at the same inventory revision and seeing the same publish it once."""
     return f"observation:{lease_id}:{revision}:{str(present).lower()}"
+
+
+def failure_msg_id(lease_id: str, action: str) -> str:
+    """``failure:<lease_id>:<action>``: a lease's instance fails an action once for good;
+    an executor that reports it again after a restart stores nothing new."""
+    return f"failure:{lease_id}:{action}"
 
 
 def lifecycle_msg_id(payload: bytes) -> str:

@@ -40,6 +40,8 @@ __all__ = [
     "EXEC_VERBS",
     "HOST_INPUTS",
     "INPUT_KINDS",
+    "OPERATOR_VERBS",
+    "PRODUCER_VERBS",
     "STATUS_KINDS",
     "TOKEN_PATTERN",
     "UNPREFIXED",
@@ -68,6 +70,10 @@ INPUT_KINDS: Final[tuple[str, ...]] = KINDS
 HOST_INPUTS: Final = tuple(k.removeprefix("host.") for k in KINDS if k.startswith("host."))
 CONFIG_KINDS: Final = tuple(k.removeprefix("config.") for k in KINDS if k.startswith("config."))
 COMMAND_VERBS: Final = tuple(k.removeprefix("cmd.") for k in KINDS if k.startswith("cmd."))
+#: the commands of operators (config and hosts), which producers such as GARM's provider
+#: are not given permission to publish; every other command is a producer's
+OPERATOR_VERBS: Final = ("apply-config", "cordon", "uncordon", "drain")
+PRODUCER_VERBS: Final = tuple(v for v in COMMAND_VERBS if v not in OPERATOR_VERBS)
 
 ExecVerb = Literal["create", "delete"]
 EXEC_VERBS: Final[tuple[ExecVerb, ...]] = get_args(ExecVerb)
