@@ -26,11 +26,10 @@ import ssl
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import anyio
 import structlog
 from nats.aio.client import Client
 
-from reconciler.client import ClientError, ReconcilerClient
+from reconciler.client import ClientError, QueryFailed, ReconcilerClient
 from reconciler.core.messages import MessageError, Origin
 from reconciler.web.page import lease_path, render_lease, render_overview, render_problem
 
@@ -132,16 +131,12 @@ class Queries:
         self.wait_s = wait_s
 
     async def overview(self, after: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The ``fleet`` (hosts after ``after``) and ``decisions`` answers, asked together."""
-        found: dict[str, Any] = {}
-
-        async def ask(name: str, body: dict[str, Any]) -> None:
-            found[name] = await self.client.query(name, body, within_s=self.wait_s)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(ask, "fleet", {"after": after} if after else {})
-            tg.start_soon(ask, "decisions", {})
-        return found["fleet"], found["decisions"]
+        """The ``fleet`` (hosts after ``after``) and ``decisions`` answers."""
+        fleet = await self.client.query(
+            "fleet", {"after": after} if after else {}, within_s=self.wait_s
+        )
+        decisions = await self.client.query("decisions", {}, within_s=self.wait_s)
+        return fleet, decisions
 
     async def lease(self, identifier: str) -> dict[str, Any] | None:
         """The lease ``identifier`` names, with its history and decisions; ``None``
@@ -157,8 +152,8 @@ def _now() -> str:
 
 
 def _problem(exc: Exception) -> str:
-    if isinstance(exc, ExceptionGroup):
-        exc = exc.exceptions[0]
+    if isinstance(exc, QueryFailed):  # an older replica does not know the query, say
+        return f"a replica refused the page's query: {exc}"
     return f"no answer from a synced replica: {exc}"
 
 
@@ -230,7 +225,7 @@ class WebServer:
         after = request.query.get("after") or None
         try:
             fleet, decisions = await self.queries.overview(after)
-        except (ClientError, MessageError, ExceptionGroup) as exc:
+        except (ClientError, MessageError) as exc:
             html = render_overview(None, None, now=_now(), refresh_s=self.config.refresh_s,
                                    problem=_problem(exc))  # fmt: skip
             return web.Response(text=html, status=503, content_type="text/html")

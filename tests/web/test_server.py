@@ -9,12 +9,14 @@ import contextlib
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import quote
 
 import aiohttp
 import pytest
 from nats.aio.client import Client
 
 from reconciler.deploy.pki import Authority
+from reconciler.web.page import lease_path
 from reconciler.web.server import (
     Exposure,
     Queries,
@@ -87,6 +89,13 @@ async def test_the_page_is_served_from_a_replicas_queries_with_headers_that_keep
         assert status == 200 and "vm-1" in trail and "admitted" in trail
         status, headers, _ = await fetch(web.url + "lease?id=job-1")
         assert status == 303 and headers["Location"] == "/lease/job-1"
+        job = "octo/repo run 7 / job build"
+        await bus.send(b.admit("a2", "ci", "vm-2", job=job))
+        await bus.decision("a2")
+        status, headers, _ = await fetch(web.url + "lease?id=" + quote(job))
+        assert status == 303 and headers["Location"] == lease_path(job)
+        status, _, trail = await fetch(web.url + lease_path(job).lstrip("/"))
+        assert status == 200 and "vm-2" in trail and job in trail
         status, _, page = await fetch(web.url + "lease/nobody")
         assert status == 404 and "nothing is known as nobody" in page
         status, _, _ = await fetch(web.url + "nowhere")
