@@ -12,11 +12,14 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from reconciler.core.inputs import ApplyConfig, from_payload
 from reconciler.core.model import PoolName
 from reconciler.core.queries import QUERIES, QueryError, config_check
-from reconciler.core.state import Effects
+from reconciler.core.state import Effects, State
+from tests.core.test_fold_properties import Run, budget, play
 from tests.support.builders import (
     Fleet,
     admit,
@@ -500,3 +503,30 @@ def test_a_long_detail_is_cut_in_a_summary() -> None:
 @pytest.mark.parametrize("request_", [{"limit": 0}, {"limit": 201}, {"limit": 2.5}])
 def test_malformed_decisions_requests_are_invalid(request_: dict[str, Any]) -> None:
     assert query_error(fleet_with_leases(), "decisions", **request_) == "invalid"
+
+
+@budget(60)
+@given(data=st.data(), limit=st.integers(1, 40))
+def test_decisions_are_the_newest_kept_whatever_the_history(data: Any, limit: int) -> None:
+    """The ``decisions`` query, which walks the retention index by second, answers what
+    a scan of every kept decision would: the final ones and those waiting at a launch
+    gate, newest input first, ``limit`` of them."""
+    run = play(data, Run(checks=False, state=State(decision_retention_s=30)), steps=80)
+    state = run.state
+    gated = {
+        state.leases[lease_id].request_id
+        for ids in state.gated_on_host.values()
+        for lease_id in ids
+    }
+    kept = [
+        orjson.loads(r.payload)
+        for r in state.decisions.values()
+        if r.phase == "final" or r.request_id in gated
+    ]
+    kept.sort(key=lambda d: (d["input_seq"], d["request_id"]), reverse=True)
+
+    answer = QUERIES["decisions"](state, {"limit": limit})["decisions"]
+
+    assert [(d["request_id"], d["phase"]) for d in answer] == [
+        (d["request_id"], d["phase"]) for d in kept[:limit]
+    ]
