@@ -175,6 +175,7 @@ async def test_every_metric_a_rule_or_a_panel_names_is_exported(
                 replica="names",
                 store_writer="thread",
                 metrics_addr="127.0.0.1:0",
+                metrics_per_host=True,  # the dashboard's bars per host need them
             )
         )
         executor = Executor(
