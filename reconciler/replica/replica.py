@@ -46,7 +46,7 @@ from reconciler.bus.streams import (
     ensure_streams,
 )
 from reconciler.bus.violations import PermissionViolation
-from reconciler.core.messages import DEFAULT_PREFIX, MAX_PAYLOAD_BYTES
+from reconciler.core.messages import DEFAULT_PREFIX, MAX_PAYLOAD_BYTES, Output
 from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
 from reconciler.incus.endpoints import IncusEndpoint
 from reconciler.replica.collector import FULL_EVERY_S, StateCollector
@@ -377,7 +377,7 @@ class Replica:
             store=store,
             nc=nc,
             prefix=cfg.prefix,
-            on_published=self.fleet.published if self.fleet is not None else None,
+            on_published=self._decisions_published,
         )
         reporter = StatusReporter(
             pipeline=pipeline,
@@ -550,6 +550,13 @@ class Replica:
         if leading is not None:
             return leading.published_seq
         return await self.store.published_seq() if self.store is not None else 0
+
+    def _decisions_published(self, outputs: list[Output]) -> None:
+        """The decision latency of what the leader published, once synced: the batches
+        of a catch-up are old inputs whose decisions were published long ago."""
+        pipeline = self.pipeline
+        if self.fleet is not None and pipeline is not None and pipeline.synced.is_set():
+            self.fleet.published(outputs)
 
     def fleet_state(self) -> tuple[State | None, FleetWatch | None]:
         """The folded state and the fleet's counters, for the metrics collector."""
