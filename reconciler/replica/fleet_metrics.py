@@ -296,6 +296,42 @@ def _host_figures(state: State, name: HostName) -> tuple[Sequence[int], Sequence
     return (alloc.cpu, alloc.memory_mib, alloc.disk_gib, len(host.gpus)), booked
 
 
+def _fleet_totals(state: State) -> tuple[list[int], list[int], Counter[str]]:
+    """``(allocatable, booked, hosts by condition)`` of the whole fleet, in one pass
+    over the hosts and one over the booked rows (a scrape at 10,000 hosts runs this
+    between two batches of the fold: it stays a few milliseconds)."""
+    cpu = mem = disk = gpus = 0
+    b_cpu = b_mem = b_disk = b_gpus = 0
+    conditions: Counter[str] = Counter()
+    gpus_held, booked = state.gpus_held, state.booked
+    for host in state.hosts.values():
+        cap, res, foreign = host.capacity, host.reserve, host.foreign_demand
+        cpu += cap.cpu - res.cpu
+        mem += cap.memory_mib - res.memory_mib
+        disk += cap.disk_gib - res.disk_gib
+        gpus += len(host.gpus)
+        b_cpu += foreign.cpu
+        b_mem += foreign.memory_mib
+        b_disk += foreign.disk_gib
+        held = gpus_held.get(host.name)
+        if held:
+            b_gpus += len(held.keys() | host.foreign_gpus) if host.foreign_gpus else len(held)
+        else:
+            b_gpus += len(host.foreign_gpus)
+        row = booked.get(host.name)
+        if row is not None:
+            b_cpu += row[0]
+            b_mem += row[1]
+            b_disk += row[2]
+        if host.cordon is not None:
+            conditions[str(host.cordon)] += 1
+        elif host.schedulable:
+            conditions["schedulable"] += 1
+        else:
+            conditions["unschedulable"] += 1
+    return [cpu, mem, disk, gpus], [b_cpu, b_mem, b_disk, b_gpus], conditions
+
+
 def _host_condition(state: State, name: HostName) -> str:
     host = state.hosts[name]
     if host.cordon is not None:
@@ -308,19 +344,15 @@ HOST_CONDITIONS = ("schedulable", "unschedulable", "cordoned", "draining")
 
 def fleet_families(state: State, *, per_host: bool) -> Iterator[Metric]:
     """The fleet's gauges, read from ``state`` now (see the module's rules)."""
-    capacity = [0, 0, 0, 0]
-    booked = [0, 0, 0, 0]
-    conditions: Counter[str] = Counter()
-    host_rows: list[tuple[str, Sequence[int], Sequence[int], str]] = []
-    for name in state.host_order:
-        alloc, used = _host_figures(state, name)
-        condition = _host_condition(state, name)
-        conditions[condition] += 1
-        for i in range(4):
-            capacity[i] += alloc[i]
-            booked[i] += used[i]
-        if per_host:
-            host_rows.append((name, alloc, used, condition))
+    host_rows = (
+        [
+            (name, *_host_figures(state, name), _host_condition(state, name))
+            for name in state.host_order
+        ]
+        if per_host
+        else []
+    )
+    capacity, booked, conditions = _fleet_totals(state)
     yield labelled_gauge(
         "rc_fleet_capacity",
         "Allocatable (capacity - reserve) of every known host, by resource",

@@ -5,7 +5,9 @@ a second replica that is not the leader says the same about the fleet."""
 
 from __future__ import annotations
 
+import dataclasses
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import anyio
@@ -13,8 +15,19 @@ import pytest
 from nats.aio.client import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from reconciler.replica.fleet_metrics import Histogram, stream_seconds
+from reconciler.core.model import HostName
+from reconciler.replica.fleet_metrics import (
+    RESOURCES,
+    Histogram,
+    _fleet_totals,
+    _host_condition,
+    _host_figures,
+    fleet_families,
+    stream_seconds,
+)
 from reconciler.replica.replica import Replica
+from reconciler.store.sqlite import Store
+from tests.store.test_sqlite import MESSAGES, folded
 from tests.support import builders as b
 from tests.support.bus import BusClient, fast_config, running_replica
 
@@ -56,6 +69,26 @@ def test_a_histogram_counts_cumulatively() -> None:
         hist.observe(seconds)
     assert hist.buckets() == [("1.0", 3.0), ("5.0", 4.0), ("+Inf", 5.0)]
     assert hist.total == 13.5
+
+
+def test_the_fleets_totals_are_the_sums_of_its_hosts() -> None:
+    """The one-pass totals agree with each host's figures (foreign VMs, GPUs held and
+    foreign, adoptions, cordons: the store tests' scenario), and with their sum."""
+    state = folded(MESSAGES)[0]
+    state.put_host(dataclasses.replace(state.hosts[HostName("h1")], cordon="cordoned"))
+    capacity, booked, conditions = _fleet_totals(state)
+    rows = [_host_figures(state, name) for name in state.host_order]
+    assert capacity == [sum(alloc[i] for alloc, _ in rows) for i in range(4)]
+    assert booked == [sum(used[i] for _, used in rows) for i in range(4)]
+    assert conditions == Counter(_host_condition(state, name) for name in state.host_order)
+    assert conditions["cordoned"] == 1 and sum(booked) > 0 and booked[3] > 0
+    families = {
+        f.name: {tuple(s.labels.values()): s.value for s in f.samples}
+        for f in fleet_families(state, per_host=True)
+    }
+    for i, resource in enumerate(RESOURCES):
+        per_host = [v for k, v in families["rc_host_booked"].items() if k[1] == resource]
+        assert families["rc_fleet_booked"][(resource,)] == sum(per_host) == booked[i]
 
 
 async def test_the_fleet_as_metrics(nc: Client, nats_url: str, tmp_path: Path) -> None:
@@ -159,3 +192,12 @@ async def test_the_fleet_as_metrics(nc: Client, nats_url: str, tmp_path: Path) -
             assert mine and {k: v for k, v in theirs.items() if k[0] == name} == mine, name
         assert not any(k[0] == "rc_host_capacity" for k in theirs)  # not asked for per host
         assert not any(k[0] == "rc_decision_latency_seconds_count" for k in theirs)
+
+    # the leader's store (written by its writer process) kept the claims' counts, which
+    # reconciler status reads and a restarted replica's rc_warm_claims_total starts from
+    async with await Store.open_readonly(config.db) as store:
+        assert await store.warm_claims() == {"web": (1, 1)}
+    async with running_replica(config) as again:
+        samples = await scrape(again)
+    assert value(samples, "rc_warm_claims_total", pool="web", outcome="claimed") == 1
+    assert value(samples, "rc_warm_claims_total", pool="web", outcome="no-warm") == 1
