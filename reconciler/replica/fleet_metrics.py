@@ -211,7 +211,9 @@ class FleetWatch:
         decision's latency from its input's stream time (its ``decided_at``)."""
         confirmed = time.time() if now is None else now
         for out in outputs:
-            if not out.subject.startswith(DECISION_HEAD):
+            # a decision re-sent for a request decided before carries no outcome: its
+            # input time is the first request's, and it was observed then
+            if out.outcome is None or not out.subject.startswith(DECISION_HEAD):
                 continue
             try:
                 body = orjson.loads(out.payload)

@@ -119,11 +119,17 @@ async def test_the_fleet_as_metrics(nc: Client, nats_url: str, tmp_path: Path) -
         await anyio.sleep(0.2)
         await bus.send(b.cmd("mark-warm-injected", "i1", instance="warm-1", job="job-1"))
         await bus.decision("i1")
+        # the same request again (past the stream's duplicate window, as a producer's
+        # retry would be): its decision is re-sent, neither counted nor timed again
+        await bus.send(b.cmd("claim-warm", "k2", pool="web", job="job-2"), msg_ids=False)
+        await bus.send(b.cmd("claim-warm", "k3", pool="nope", job="job-3"))  # unknown pool
+        await bus.decision("k3")
         with anyio.fail_after(10):
             while True:
                 samples = await scrape(replica)
-                if value(samples, "rc_warm_inject_seconds_count", pool="web") and value(
-                    samples, "rc_decision_latency_seconds_count", verb="mark-warm-injected"
+                if (
+                    value(samples, "rc_warm_inject_seconds_count", pool="web")
+                    and value(samples, "rc_decision_latency_seconds_count", verb="claim-warm") >= 3
                 ):
                     break
                 await anyio.sleep(0.05)
@@ -143,7 +149,18 @@ async def test_the_fleet_as_metrics(nc: Client, nats_url: str, tmp_path: Path) -
         assert value(samples, "rc_pool_leases", pool="web", state="ready") == 0
         assert value(samples, "rc_pool_instances", pool="web") == 3
         assert value(samples, "rc_pool_warm_target", pool="web", bound="max_ready") == 3
-        # claims: one hit, one miss
+        # claims: one hit, one miss; none on an unknown pool (its name is no label)
+        assert not any(k[0] == "rc_warm_claims_total" and ("pool", "nope") in k[1] for k in samples)
+        assert (
+            value(
+                samples,
+                "rc_decision_outcomes_total",
+                verb="claim-warm",
+                outcome="no-warm",
+                reason="unknown-pool",
+            )
+            == 1
+        )
         assert value(samples, "rc_warm_claims_total", pool="web", outcome="claimed") == 1
         assert value(samples, "rc_warm_claims_total", pool="web", outcome="no-warm") == 1
         assert (
@@ -173,7 +190,9 @@ async def test_the_fleet_as_metrics(nc: Client, nats_url: str, tmp_path: Path) -
             assert value(samples, f"{name}_bucket", pool="web", le="+Inf") == 1, name
         # the leader's decision latency, by verb
         assert value(samples, "rc_decision_latency_seconds_count", verb="admit") == 3
-        assert value(samples, "rc_decision_latency_seconds_count", verb="claim-warm") == 2
+        # k1, k2 and k3: not k2 re-sent
+        assert value(samples, "rc_decision_latency_seconds_count", verb="claim-warm") == 3
+        assert value(samples, "rc_decision_latency_seconds_count", verb="mark-warm-injected") == 1
         assert 0 < value(samples, "rc_decision_latency_seconds_sum", verb="admit") < 10
 
         # a follower that folds the same stream says the same about the fleet, and the
