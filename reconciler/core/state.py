@@ -168,6 +168,12 @@ class Effects:
     failed_pools: set[PoolName] = field(default_factory=set)
     #: input kinds recorded but ignored (stale revisions, no-op events), for logs
     notes: list[tuple[int, str]] = field(default_factory=list)
+    #: every decision written: (verb, outcome, reason or ``None``), for the metrics;
+    #: not part of what the store writes or a replay compares
+    verdicts: list[tuple[str, str, str | None]] = field(default_factory=list)
+    #: every claim-warm decided on a known pool for a new job: (pool, ``claimed`` or
+    #: ``no-warm``), the warm hit ratio's counts (the store sums them per pool)
+    warm_claims: list[tuple[PoolName, str]] = field(default_factory=list)
 
     def extend(self, other: Effects) -> None:
         self.outputs.extend(other.outputs)
@@ -184,6 +190,8 @@ class Effects:
         self.jobs |= other.jobs
         self.failed_pools |= other.failed_pools
         self.notes.extend(other.notes)
+        self.verdicts.extend(other.verdicts)
+        self.warm_claims.extend(other.warm_claims)
 
 
 @dataclass(slots=True)

@@ -6,6 +6,8 @@ Rules:
   :class:`RuntimeCollector` reads them when ``/metrics`` is scraped, on the server every
   program shares (:mod:`reconciler.observe.endpoints`). With ``--store-writer process``
   the writer child's memory is not in the process's series.
+- The fleet's series (capacity, pools, decisions, waits) are described in
+  :mod:`reconciler.replica.fleet_metrics`; one series per host only with ``per_host``.
 - ``/healthz`` answers 200 while the event loop runs; ``/readyz`` answers 200 once the
   pipeline is synced and 503 before, with the health document (the ``health`` query's
   result) as JSON in both cases.
@@ -19,6 +21,7 @@ from typing import Any, Protocol
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from reconciler.core.state import State
 from reconciler.observe.endpoints import (
     MetricsServer,
     Readiness,
@@ -26,6 +29,7 @@ from reconciler.observe.endpoints import (
     gauge,
     labelled_counter,
 )
+from reconciler.replica.fleet_metrics import FleetWatch, fleet_families
 
 __all__ = ["RuntimeCollector", "RuntimeFacts", "replica_metrics_server"]
 
@@ -35,12 +39,16 @@ class RuntimeFacts(Protocol):
 
     def facts(self) -> dict[str, Any]: ...
 
+    def fleet_state(self) -> tuple[State | None, FleetWatch | None]: ...
+
 
 class RuntimeCollector(Collector):
-    """Turns a replica's counters into metric families at scrape time."""
+    """Turns a replica's counters, and its fleet (:mod:`reconciler.replica.fleet_metrics`),
+    into metric families at scrape time."""
 
-    def __init__(self, runtime: RuntimeFacts) -> None:
+    def __init__(self, runtime: RuntimeFacts, *, per_host: bool = False) -> None:
         self.runtime = runtime
+        self.per_host = per_host
 
     def collect(self) -> Iterator[Metric]:
         f = self.runtime.facts()
@@ -66,6 +74,11 @@ class RuntimeCollector(Collector):
         yield counter(
             "rc_consumer_restarts", "Times the input consumer was (re)started", f["restarts"]
         )
+        state, fleet = self.runtime.fleet_state()
+        if state is not None:
+            yield from fleet_families(state, per_host=self.per_host)
+        if fleet is not None:
+            yield from fleet.families()
 
 
 def replica_metrics_server(
@@ -73,11 +86,15 @@ def replica_metrics_server(
     addr: str,
     runtime: RuntimeFacts,
     health: Callable[[], Awaitable[dict[str, Any]]],
+    per_host: bool = False,
 ) -> MetricsServer:
-    """The replica's server: its counters, and ready once its pipeline is synced."""
+    """The replica's server: its counters and its fleet, and ready once its pipeline is
+    synced."""
 
     async def readiness() -> Readiness:
         document = await health()
         return Readiness(ready=bool(document.get("caches_synced")), detail=document)
 
-    return MetricsServer(addr=addr, collectors=[RuntimeCollector(runtime)], readiness=readiness)
+    return MetricsServer(
+        addr=addr, collectors=[RuntimeCollector(runtime, per_host=per_host)], readiness=readiness
+    )

@@ -162,12 +162,24 @@ _V5 = (
        BEGIN SELECT RAISE(ABORT, 'the journal is append-only (only retention prunes it)'); END""",
 )
 
+_V6 = (
+    # the warm hit ratio (docs/operations.md, "Metrics"): claim-warm decisions on a known
+    # pool, summed per pool and outcome by every batch that decides some. Not state: the
+    # fold never reads it, and it is in neither the digest nor a snapshot
+    """CREATE TABLE warm_claims (
+        pool TEXT PRIMARY KEY,
+        claimed INTEGER NOT NULL DEFAULT 0,
+        no_warm INTEGER NOT NULL DEFAULT 0
+    )""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "entities, journal, outbox, position", _V1),
     Migration(2, "audit indexes; append-only journal triggers", _V2),
     Migration(3, "published position of the outbox", _V3),
     Migration(4, "outbox by batch; fewer lease indexes", _V4),
     Migration(5, "retention: decision and release times, journal time and pruning", _V5),
+    Migration(6, "warm claims per pool (the warm hit ratio)", _V6),
 )
 
 #: the schema version this code writes

@@ -27,9 +27,13 @@ __all__ = ["overview_lines", "status"]
 async def overview_lines(db: Path, *, as_json: bool = False) -> list[str]:
     async with await Store.open_readonly(db) as store:
         state = await store.load_state()
+        claims = await store.warm_claims()
     seq = state.applied_seq
     hosts = [host_status(state, HostName(h), as_of_seq=seq) for h in sorted(state.hosts)]
-    pools = [pool_status(state, PoolName(p), as_of_seq=seq) for p in sorted(state.pools)]
+    pools = [
+        _with_claims(pool_status(state, PoolName(p), as_of_seq=seq), claims.get(p, (0, 0)))
+        for p in sorted(state.pools)
+    ]
     failures = failed_leases(state)
     if as_json:
         return [
@@ -50,7 +54,7 @@ async def overview_lines(db: Path, *, as_json: bool = False) -> list[str]:
     lines.append("")
     lines.append(
         f"{'POOL':<20} {'READY':>5} {'BOOT':>5} {'CLAIMED':>7} {'DRAIN':>5} {'VICTIMS':>7} "
-        f"{'PENDING':>7} {'INSTANCES':>9}  WARM min/max"
+        f"{'PENDING':>7} {'INSTANCES':>9}  {'WARM min/max':<12}  HIT RATIO (claimed/claims)"
     )
     for row in pools:
         if row is not None:
@@ -108,11 +112,31 @@ def _gpus(row: dict[str, Any]) -> str:
     return "none free" if row.get("gpus_total", 0) else "-"
 
 
+def _with_claims(row: dict[str, Any] | None, claims: tuple[int, int]) -> dict[str, Any] | None:
+    """A pool's status with its warm claims: ``claimed`` (a ready warm VM was bound),
+    ``no_warm`` (none was: the job went cold), and ``hit_ratio`` (``None`` before any)."""
+    if row is None:
+        return None
+    claimed, missed = claims
+    total = claimed + missed
+    ratio = round(claimed / total, 4) if total else None
+    return {**row, "warm_claims": {"claimed": claimed, "no_warm": missed, "hit_ratio": ratio}}
+
+
+def _hit_ratio(row: dict[str, Any]) -> str:
+    claims = row["warm_claims"]
+    total = claims["claimed"] + claims["no_warm"]
+    if not total:
+        return "-"
+    return f"{claims['hit_ratio']:.0%} ({claims['claimed']}/{total})"
+
+
 def _pool_line(row: dict[str, Any]) -> str:
+    warm = f"{row['min_ready']}/{row['max_ready']}"
     return (
         f"{row['pool']:<20} {row['ready']:>5} {row['booting']:>5} {row['claimed']:>7} "
         f"{row['draining']:>5} {row['victims']:>7} {row['pending_requests']:>7} "
-        f"{row['instances']:>9}  {row['min_ready']}/{row['max_ready']}"
+        f"{row['instances']:>9}  {warm:<12}  {_hit_ratio(row)}"
     )
 
 
