@@ -11,7 +11,8 @@ Rules:
   ``cache-not-ready``. Answers are read from the replica's folded state; ``lease`` adds
   the lease's journal from the store, and with ``"decisions": true`` the latest
   decision of each request that names the lease (from the store, summarised as the
-  ``decisions`` query summarises them).
+  ``decisions`` query summarises them); ``fleet`` adds each pool's warm claims (the
+  warm hit ratio), which the store counts.
 - A request that is not a JSON object, or names no known query, is ``invalid``; a request
   without a reply subject is dropped. A query never changes anything.
 - ``config-check`` (what ``apply --dry-run`` and ``diff`` ask) is an ``apply-config``
@@ -51,6 +52,7 @@ from reconciler.core.queries import (
     config_check,
     decision_summary,
 )
+from reconciler.core.status import with_warm_claims
 from reconciler.replica.pipeline import Pipeline
 
 __all__ = ["CONFIG_CHECK", "MAX_REQUEST_BYTES", "QueryResponder"]
@@ -133,6 +135,12 @@ class QueryResponder:
             result = query(self.pipeline.state, request)
         except QueryError as exc:
             return error_reply(exc.code, exc.message)
+        if name == "fleet":
+            claims = await self.pipeline.store.warm_claims()
+            result["pools"] = [
+                with_warm_claims(row, claims.get(str(row["pool"]), (0, 0)))
+                for row in result["pools"]
+            ]
         if name == "lease":
             lease_id = str(result["lease_id"])
             result["history"] = await self.pipeline.store.lease_history(lease_id)

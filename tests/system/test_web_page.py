@@ -56,6 +56,7 @@ async def test_the_page_shows_hosts_pools_decisions_and_a_trail_after_a_click(
                 assert "vCPU" in cpu
                 (pool,) = await browser.texts(f"tr.pool[data-pool='{POOL}']")
                 assert pool.split("\t")[0] == POOL and "2/3" in pool
+                assert "100 % (1/1)" in pool  # the warm hit ratio: one claim found a VM
                 rejected = await browser.text("tr.decision[data-request='nope-1']")
                 assert "rejected" in rejected and "unknown-pool" in rejected
                 claim = await browser.text("tr.decision[data-request='claim-1']")

@@ -17,7 +17,7 @@ import orjson
 
 from reconciler.cli.options import db_option, oneshot_log_options
 from reconciler.core.model import HostName, PoolName
-from reconciler.core.status import failed_leases, host_status, pool_status
+from reconciler.core.status import failed_leases, host_status, pool_status, with_warm_claims
 from reconciler.store.errors import StoreError
 from reconciler.store.sqlite import Store
 
@@ -31,8 +31,9 @@ async def overview_lines(db: Path, *, as_json: bool = False) -> list[str]:
     seq = state.applied_seq
     hosts = [host_status(state, HostName(h), as_of_seq=seq) for h in sorted(state.hosts)]
     pools = [
-        _with_claims(pool_status(state, PoolName(p), as_of_seq=seq), claims.get(p, (0, 0)))
+        with_warm_claims(row, claims.get(p, (0, 0)))
         for p in sorted(state.pools)
+        if (row := pool_status(state, PoolName(p), as_of_seq=seq)) is not None
     ]
     failures = failed_leases(state)
     if as_json:
@@ -110,17 +111,6 @@ def _gpus(row: dict[str, Any]) -> str:
     if free:
         return free
     return "none free" if row.get("gpus_total", 0) else "-"
-
-
-def _with_claims(row: dict[str, Any] | None, claims: tuple[int, int]) -> dict[str, Any] | None:
-    """A pool's status with its warm claims: ``claimed`` (a ready warm VM was bound),
-    ``no_warm`` (none was: the job went cold), and ``hit_ratio`` (``None`` before any)."""
-    if row is None:
-        return None
-    claimed, missed = claims
-    total = claimed + missed
-    ratio = round(claimed / total, 4) if total else None
-    return {**row, "warm_claims": {"claimed": claimed, "no_warm": missed, "hit_ratio": ratio}}
 
 
 def _hit_ratio(row: dict[str, Any]) -> str:
