@@ -34,6 +34,7 @@ __all__ = [
     "checkpoint",
     "checkpoints",
     "main",
+    "take_writer_lock",
 ]
 
 #: how often the child checkpoints the WAL (passively, beside the commits)
@@ -211,6 +212,45 @@ def _trim() -> None:
         trim(0)
 
 
+def take_writer_lock(lock: IO[bytes]) -> int | None:
+    """Take the writer lock on the open lock file ``lock`` and write into it the pid of
+    the replica this writer serves (its parent); or the pid of the live replica whose
+    writer holds it (``None`` once taken). A writer whose replica is gone (killed, its
+    writer finishing the transaction in hand) is waited for: it lets go by itself."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = _holder(lock.read(64))
+        if holder is not None and _alive(holder):
+            return holder
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a previous writer finishes first
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getppid()}\n".encode())
+    lock.flush()
+    return None
+
+
+def _holder(text: bytes) -> int | None:
+    """The replica's pid written in a lock file (``None`` for an old or empty one)."""
+    try:
+        pid = int(text.split(b"\n", 1)[0])
+    except ValueError:
+        return None
+    return pid if pid > 1 else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's: alive
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     """The child: ``python -m reconciler.store.writer_child <db>``, spoken to on its pipes."""
     args = sys.argv[1:] if argv is None else argv
@@ -222,9 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         _reply(replies, ("error", "usage: python -m reconciler.store.writer_child <db>"))
         return 2
     path = args[0]
-    lock_fd = os.open(f"{path}.writer-lock", os.O_CREAT | os.O_RDWR | os.O_APPEND, 0o600)
-    with open(lock_fd, "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a previous writer finishes first
+    lock_fd = os.open(f"{path}.writer-lock", os.O_CREAT | os.O_RDWR, 0o600)
+    with open(lock_fd, "r+b") as lock:
+        holder = take_writer_lock(lock)
+        if holder is not None:
+            _reply(replies, ("busy", holder))
+            return 1
         try:
             conn = _connect(path)
             conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
