@@ -302,8 +302,12 @@ def common_from(kwargs: dict[str, Any], *, name: str) -> Common:
             raise click.UsageError("give --nats-password or --nats-password-file, not both")
         password = read_secret(password_file, option="--nats-password-file")
     try:
+        urls = parse_urls(kwargs.pop("nats_url"))
+    except ValueError as exc:  # before any connection: one line, not a retried DNS error
+        raise click.ClickException(f"--nats-url (RC_NATS_URL): {exc}") from None
+    try:
         nats = ConnectOptions(
-            urls=parse_urls(kwargs.pop("nats_url")),
+            urls=urls,
             creds_file=path("nats_creds"),
             user=kwargs.pop("nats_user"),
             password=password,
