@@ -40,9 +40,11 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("RC_")}
 
 
-def reconciler(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def reconciler(
+    *args: str, timeout: float = 30, level: str = "error"
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*RECONCILER, *args, "--log-level", "error"],
+        [*RECONCILER, *args, "--log-level", level],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -138,7 +140,7 @@ def test_a_held_writer_lock_is_reported_at_once_with_the_holders_pid(
             f"Error: store {db} is in use by another `reconciler run` (PID {first.pid}): "
             "stop it first, or give this replica a --db of its own"
         )
-        assert took < 10  # not the 60 s a writer of a killed replica is waited for
+        assert took < 30  # not the 60 s a writer of a killed replica is waited for
     finally:
         first.send_signal(signal.SIGTERM)
         first.wait(30)
@@ -154,9 +156,8 @@ def test_a_held_writer_lock_is_reported_at_once_with_the_holders_pid(
 )
 def test_urls_are_checked_before_connecting(tmp_path: Path, url: str, problem: str) -> None:
     for args in (["run", "--db", str(tmp_path / "rc.db")], ["query", "health"]):
-        started = time.monotonic()
-        line = one_line(reconciler(*args, "--nats-url", url))
-        assert time.monotonic() - started < 5
+        # a connection tried would log its failures (nats.error) as warnings
+        line = one_line(reconciler(*args, "--nats-url", url, level="warning"))
         assert line.startswith("Error: --nats-url (RC_NATS_URL): ") and problem in line
     assert not (tmp_path / "rc.db").exists()
 
