@@ -15,6 +15,7 @@ reader who waits a moment would; a command that changes something runs once.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -149,23 +150,28 @@ def test_the_tour_runs_as_written(tour_dir: Path) -> None:
             if command.startswith("kill %"):
                 for number in (int(n) for n in re.findall(r"%(\d+)", command)):
                     job = jobs[number - 1]
-                    job.send_signal(signal.SIGTERM)
-                    assert job.wait(30) in (0, -signal.SIGTERM), (command, number, job.args)
+                    os.killpg(job.pid, signal.SIGTERM)  # the shell's job: its command too
+                    status = job.wait(30)
+                    assert status in (0, -signal.SIGTERM, 128 + signal.SIGTERM), job.args
                 continue
             if command == "echo $?":
                 assert [str(last_status)] == step.expected, step
                 continue
             if command.endswith("&"):
-                jobs.append(subprocess.Popen(command[:-1], shell=True, cwd=cwd, env=env))
+                jobs.append(
+                    subprocess.Popen(
+                        command[:-1], shell=True, cwd=cwd, env=env, start_new_session=True
+                    )
+                )
                 continue
             if jobs and not _ready(cwd):
                 _wait_for("a leader and both hosts", functools.partial(_ready, cwd))
             last_status = _run(step, command, cwd, env, tour=tour, port=port)
     finally:
-        for job in jobs:
-            if job.poll() is None:
-                job.kill()
-                job.wait(10)
+        for job in jobs:  # a job's group: the shell and the command it runs
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job.pid, signal.SIGKILL)
+            job.wait(10)
 
 
 def _ready(cwd: Path) -> bool:
