@@ -40,11 +40,13 @@ Rules:
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import math
 import re
 import ssl
 from dataclasses import dataclass, field
 from typing import cast
+from urllib.parse import urlsplit
 
 import anyio
 import structlog
@@ -64,8 +66,10 @@ __all__ = [
     "ConnectOptions",
     "ConnectRefused",
     "TlsNotOffered",
+    "check_url",
     "connect",
     "parse_urls",
+    "shown_urls",
 ]
 
 logger = structlog.get_logger(__name__)
@@ -74,11 +78,76 @@ DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 
 def parse_urls(value: str) -> tuple[str, ...]:
-    """Split a ``--nats-url`` value: one URL, or several separated by commas or spaces."""
+    """Split a ``--nats-url`` value: one URL, or several separated by commas or spaces,
+    each checked by :func:`check_url` (a bad one is refused before any connection)."""
     urls = tuple(part for part in re.split(r"[,\s]+", value) if part)
     if not urls:
         raise ValueError("no NATS URL given")
+    for url in urls:
+        check_url(url)
+    bare = [u for u in urls if "://" not in u]
+    if bare and len(bare) < len(urls):  # "nats://host name": a space split one value
+        raise ValueError(
+            f"{bare[0].rpartition('@')[2]!r} has no scheme where the other URLs have one: "
+            "commas and spaces separate URLs, so give each its nats:// (or tls://, ws://, "
+            "wss://)"
+        )
     return urls
+
+
+#: the schemes nats-py connects with; a URL without one is ``nats://``
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+_HOST = re.compile(
+    r"[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?(\.[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?)*\.?"
+)
+
+
+def check_url(url: str) -> None:
+    """Raise :class:`ValueError` unless ``url`` is one NATS server's URL:
+    ``[nats|tls|ws|wss://][user[:password]@]host[:port]``, with a host name or an IP
+    address and a port number. The error never shows credentials."""
+    full = url if "://" in url else f"nats://{url}"
+    parts = urlsplit(full)
+    shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+    schemes = ", ".join(f"{s}://" for s in NATS_SCHEMES)
+    if parts.scheme.lower() not in NATS_SCHEMES:
+        raise ValueError(
+            f"NATS URL {shown!r}: {parts.scheme}:// is not a NATS scheme (one of {schemes})"
+        )
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    host = parts.hostname or ""
+    if port == -1 or parts.netloc.endswith(":"):
+        raise ValueError(f"NATS URL {shown!r}: the port is not a number from 0 to 65535")
+    if not _is_address(host):
+        raise ValueError(
+            f"NATS URL {shown!r}: {host or 'an empty host'!s} is not a host name or an IP "
+            "address (separate several URLs with commas)"
+        )
+    if parts.path not in ("", "/") and parts.scheme.lower() not in ("ws", "wss"):
+        raise ValueError(f"NATS URL {shown!r}: a nats:// or tls:// URL has no path")
+
+
+def shown_urls(urls: tuple[str, ...]) -> str:
+    """``urls`` as errors and logs may show them: without the user and password a URL
+    may carry."""
+    shown = []
+    for url in urls:
+        scheme, sep, rest = url.rpartition("://")
+        authority, slash, path = rest.partition("/")
+        shown.append(f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{path}")
+    return ", ".join(shown)
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return bool(_HOST.fullmatch(host)) and not host.replace(".", "").isdigit()
+    return True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,14 +324,14 @@ async def connect(opts: ConnectOptions) -> Client:
         with anyio.CancelScope(shield=True):
             await nc.close()
         raise TimeoutError(
-            f"no NATS server reachable at {', '.join(opts.urls)} within {opts.initial_timeout_s} s"
+            f"no NATS server reachable at {shown_urls(opts.urls)} within {opts.initial_timeout_s} s"
         ) from None
     if failed:
         raise failed[0]
     if refusals:
         with anyio.CancelScope(shield=True):
             await nc.close()
-        raise ConnectRefused(f"cannot connect to NATS at {', '.join(opts.urls)}: {refusals[0]}")
+        raise ConnectRefused(f"cannot connect to NATS at {shown_urls(opts.urls)}: {refusals[0]}")
     first_done.set()
     routine("nats.connected", server=_server(nc))
     return nc

@@ -8,7 +8,8 @@
 - :mod:`.progress`: a progress line for long one-shot work, on a terminal only.
 - :mod:`.oneshot`: what the commands that talk to NATS once share (a bounded connection,
   clear errors, inputs checked before they are sent); :mod:`.logs`: logging;
-  :mod:`.signals`: running a daemon until SIGTERM or SIGINT.
+  :mod:`.signals`: running a daemon until SIGTERM or SIGINT; :mod:`.failures`: how
+  every program ends when something goes wrong (one line, ``interrupted``, ``--debug``).
 - :mod:`.config_file`: config files as ``apply`` and ``diff`` read them (and ``get``
   prints them), checked and sized as one change; :mod:`.host_command`: what
   ``cordon``, ``uncordon`` and ``drain`` share.

@@ -36,10 +36,22 @@ __all__ = [
     "ConfigChange",
     "ConfigItem",
     "items_as_yaml",
+    "problems_message",
     "read_items",
 ]
 
 KINDS = tuple(CONFIG_KINDS)
+
+
+def problems_message(source: str, problems: list[str], *, nothing: str) -> str:
+    """The error for a file with ``problems`` (each naming its place in the file): one
+    line for one problem, else a count and one line each; ``nothing``: what was not done
+    (``published``, ``compared``)."""
+    if len(problems) == 1:
+        (problem,) = problems
+        named = problem if problem.startswith(f"{source}:") else f"{source}: {problem}"
+        return f"{named}; nothing {nothing}"
+    return f"{source}: {len(problems)} problems, nothing {nothing}:\n  " + "\n  ".join(problems)
 
 
 @dataclass(frozen=True, slots=True)

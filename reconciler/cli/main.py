@@ -8,6 +8,8 @@ import importlib
 
 import click
 
+from reconciler.cli.failures import Interrupted, run_cli
+
 __all__ = ["COMMANDS", "cli", "main"]
 
 #: command name → (module, attribute) of its :class:`click.Command`
@@ -51,6 +53,12 @@ class _Commands(click.Group):
         assert isinstance(command, click.Command)
         return command
 
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:  # "interrupted", not click's "Aborted!"
+            raise Interrupted from exc
+
 
 @click.group(
     cls=_Commands,
@@ -62,11 +70,14 @@ def cli() -> None:
 
     The interface (subjects, payloads, decisions, queries) is described in
     docs/interface.md of the project, and every command in docs/cli.md.
+    An error is one line (exit status 1); --debug anywhere on the command line
+    (or RC_DEBUG=1) shows its traceback instead.
     """
 
 
 def main() -> None:
-    cli()
+    """The console script: every expected failure one line (:mod:`.failures`)."""
+    run_cli(cli)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ source of each default.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from urllib.parse import quote
 
 import click
 import orjson
+import structlog
 
 from reconciler.bus.connection import DEFAULT_NATS_URL, ConnectOptions, parse_urls
 from reconciler.bus.streams import DEFAULT_LEADER_TTL_S
@@ -39,6 +41,7 @@ from reconciler.replica.reservation_reaper import (
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",
+    "FILE_WAIT_S",
     "Common",
     "IncusOptions",
     "bus_options",
@@ -59,6 +62,7 @@ __all__ = [
     "retention_options",
     "run_options",
     "stream_replicas_option",
+    "wait_for_file",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -309,8 +313,12 @@ def common_from(kwargs: dict[str, Any], *, name: str) -> Common:
             raise click.UsageError("give --nats-password or --nats-password-file, not both")
         password = read_secret(password_file, option="--nats-password-file")
     try:
+        urls = parse_urls(kwargs.pop("nats_url"))
+    except ValueError as exc:  # before any connection: one line, not a retried DNS error
+        raise click.ClickException(f"--nats-url (RC_NATS_URL): {exc}") from None
+    try:
         nats = ConnectOptions(
-            urls=parse_urls(kwargs.pop("nats_url")),
+            urls=urls,
             creds_file=path("nats_creds"),
             user=kwargs.pop("nats_user"),
             password=password,
@@ -430,9 +438,10 @@ def incus_options(f: F) -> F:
         [
             _option(
                 "incus-fleet",
-                type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                type=click.Path(dir_okay=False, path_type=Path),
                 help='Fleet file: {"hosts": {"<host>": {"url": "https://10.0.0.5:8443"}, ...}} '
-                "(what sim-incus --fleet-file writes; see README).",
+                "(what sim-incus --fleet-file writes; see README). Waited for up to "
+                f"{FILE_WAIT_S:g} s when it does not exist yet.",
             ),
             click.option(
                 "--incus",
@@ -482,8 +491,11 @@ def incus_from(kwargs: dict[str, Any], *, only: Iterable[str] = ()) -> IncusOpti
     cert_file, key_file = kwargs.pop("incus_cert"), kwargs.pop("incus_key")
     if bool(cert_file) != bool(key_file):
         raise click.UsageError("--incus-cert and --incus-key go together")
+    fleet_file = kwargs.pop("incus_fleet")
+    if fleet_file is not None:
+        wait_for_file(fleet_file, option="--incus-fleet")
     endpoints = load_endpoints(
-        fleet_file=kwargs.pop("incus_fleet"),
+        fleet_file=fleet_file,
         pairs=kwargs.pop("incus_pairs"),
         only=only,
         cert=(str(cert_file), str(key_file)) if cert_file else None,
@@ -494,6 +506,29 @@ def incus_from(kwargs: dict[str, Any], *, only: Iterable[str] = ()) -> IncusOpti
         request_timeout_s=kwargs.pop("incus_timeout"),
         operation_timeout_s=kwargs.pop("incus_operation_timeout"),
     )
+
+
+#: how long a daemon waits for a file it is given that does not exist yet
+FILE_WAIT_S = 30.0
+
+
+def wait_for_file(path: Path, *, option: str, within_s: float = FILE_WAIT_S) -> None:
+    """Return once ``path`` exists (a daemon started with the program that writes it, as
+    the tour's start block does), saying once that it waits; after ``within_s`` seconds
+    a :class:`click.ClickException` names the file and the option."""
+    if path.exists():
+        return
+    structlog.get_logger("reconciler").info(
+        "file.waiting", path=str(path), option=option, within_s=within_s
+    )
+    deadline = time.monotonic() + within_s
+    while not path.exists():
+        if time.monotonic() >= deadline:
+            raise click.ClickException(
+                f"{option} {path} does not exist (waited {within_s:g} s): give the right "
+                "path, or start what writes it first"
+            )
+        time.sleep(0.1)
 
 
 # ------------------------------------------------------------------ one-shot commands

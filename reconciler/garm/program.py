@@ -155,13 +155,14 @@ def run(
         if invocation.command in _LOCAL:
             answer = _local(invocation)
         else:
-            answer = anyio.run(_remote, invocation, stdin)
+            answer = _ungrouped(lambda: anyio.run(_remote, invocation, stdin))
     except ProviderError as exc:
         log.error("garm.failed", error=exc.message, exit_code=int(exc.code))
         print(exc.message, file=stderr)
         return int(exc.code)
     except Exception as exc:  # a bug or an unexpected failure: a clear line, exit 1
         log.exception("garm.crashed", error=f"{type(exc).__name__}: {exc}")
+        print(f"unexpected {type(exc).__name__}: {exc}", file=stderr)
         return int(ExitCode.FAILED)
     if invocation.command == "GetVersion":
         stdout.write(str(answer))
@@ -171,6 +172,23 @@ def run(
         stdout.write("[]")
     stdout.flush()
     return int(ExitCode.OK)
+
+
+def _ungrouped(call: Callable[[], Any]) -> Any:
+    """``call()``, a failure inside a task group raised as itself (the first of its
+    kind when several tasks failed alike), never as an ``ExceptionGroup``."""
+    try:
+        return call()
+    except BaseExceptionGroup as group:
+        leaves: list[BaseException] = []
+        pending: list[BaseException] = [group]
+        while pending:
+            exc = pending.pop(0)
+            if isinstance(exc, BaseExceptionGroup):
+                pending.extend(exc.exceptions)
+            else:
+                leaves.append(exc)
+        raise next((e for e in leaves if isinstance(e, ProviderError)), leaves[0]) from group
 
 
 def _without_websocket_transport() -> None:

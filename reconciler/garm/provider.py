@@ -301,12 +301,17 @@ class Provider:
     async def _scan(self, *, full: bool = False) -> list[tuple[str, InstanceView]]:
         """Every instance of this controller on every configured host (``full``: with
         their addresses); any host that cannot be read fails the call (never a partial
-        answer)."""
+        answer): one :class:`ProviderError` naming every host that could not be read."""
         found: list[tuple[str, InstanceView]] = []
+        failures: dict[str, str] = {}
 
         async def read(name: str) -> None:
-            async with self._incus(name, "listing instances") as incus:
-                views = await incus.list_instances(full=full)
+            try:
+                async with self._incus(name, "listing instances") as incus:
+                    views = await incus.list_instances(full=full)
+            except ProviderError as exc:  # the others are still read, then all reported
+                failures[name] = exc.message
+                return
             found.extend(
                 (name, v) for v in views if v.config.get(CONTROLLER_TAG) == self.controller_id
             )
@@ -314,6 +319,8 @@ class Provider:
         async with anyio.create_task_group() as tg:
             for name in sorted(self.config.hosts):
                 tg.start_soon(read, name)
+        if failures:
+            raise ProviderError("; ".join(failures[name] for name in sorted(failures)))
         return sorted(found, key=lambda hv: (hv[0], hv[1].project, hv[1].name))
 
     async def find(self, identifier: str) -> list[Found]:

@@ -38,6 +38,7 @@ import logging
 import os
 import pickle
 import secrets
+import signal
 import struct
 import sys
 import time
@@ -601,6 +602,9 @@ def _write(pipe: BinaryIO, data: bytes) -> None:
 def child_main() -> None:
     """The child's main (:mod:`reconciler.replay.reader_child`): its stdout is the pipe
     to the replay, nothing else."""
+    # a Ctrl-C reaches the whole process group: the replay stops its reader (closing
+    # the pipe), which then ends quietly, never with a traceback of its own
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     widen_pipe(answers, _PIPE_BYTES)

@@ -22,11 +22,13 @@ Rules (docs/architecture.md, rule 2):
   after the replay began.
 - A divergence is one of: ``mismatch`` (same id, other bytes), ``unexpected`` (on the
   bus, not produced by the replay), ``missing`` (produced by the replay, not on the bus).
-  Any divergence fails the replay. An output an older release published is not a
-  mismatch when its bytes are exactly what that release wrote: the replay's without the
-  fields registered as added since (:mod:`reconciler.core.compat`); the report counts
-  those by addition (``older``). On a busy stream the newest outputs may not be
-  published yet and show as ``missing``: replay an idle stream, or again.
+  Any divergence fails the replay. Outputs the replay made after the last one found
+  on the bus (in the fold's order, which is the order leaders publish in) are those of
+  inputs at the stream's tail that no leader has decided yet (no replica running, or
+  one still catching up): reported apart as ``undecided``, they do not fail it. An
+  output an older release published is not a mismatch when its bytes are exactly what
+  that release wrote: the replay's without the fields registered as added since
+  (:mod:`reconciler.core.compat`); the report counts those by addition (``older``).
 - A stream that no longer starts at sequence 1 (aged out by ``max_age``) is replayed from
   a snapshot (:mod:`reconciler.replica.snapshot_bucket`): the oldest one from which the stored
   inputs continue without a gap, verified by its digest (a mismatch is refused); the fold
@@ -85,13 +87,14 @@ __all__ = [
     "FoldProgress",
     "ReplayError",
     "ReplayReport",
+    "remove_store_files",
     "replay",
     "replay_into",
 ]
 
 logger = structlog.get_logger(__name__)
 
-Kind = Literal["mismatch", "unexpected", "missing"]
+Kind = Literal["mismatch", "unexpected", "missing", "undecided"]
 
 
 class ReplayError(RuntimeError):
@@ -126,6 +129,9 @@ class ReplayReport:
     compared: int
     digest: str
     divergences: list[Divergence] = field(default_factory=list)
+    #: outputs of inputs at the stream's tail that no leader has decided yet (kind
+    #: ``undecided``): not divergences, the replay does not fail for them
+    undecided: list[Divergence] = field(default_factory=list)
     #: the snapshot the fold started from (its applied sequence), 0 when from seq 1
     snapshot_seq: int = 0
     snapshot_digest: str | None = None
@@ -151,22 +157,36 @@ async def replay(
     from_snapshot: bool = False,
     progress: FoldProgress | None = None,
 ) -> ReplayReport:
-    """Connect, replay, compare; see the module's rules."""
-    nc = await connect(opts)
+    """Connect, replay, compare; see the module's rules. A ``db`` this replay created
+    is removed again when it fails or is cancelled (Ctrl-C): nothing half-made stays."""
+    created = db is not None and not await anyio.Path(db).exists()
     try:
-        return await replay_into(
-            nc,
-            prefix=prefix,
-            db=db,
-            batch=batch,
-            decision_retention_s=decision_retention_s,
-            from_snapshot=from_snapshot,
-            connect_opts=opts,
-            progress=progress,
-        )
-    finally:
-        with anyio.CancelScope(shield=True):
-            await nc.close()
+        nc = await connect(opts)
+        try:
+            return await replay_into(
+                nc,
+                prefix=prefix,
+                db=db,
+                batch=batch,
+                decision_retention_s=decision_retention_s,
+                from_snapshot=from_snapshot,
+                connect_opts=opts,
+                progress=progress,
+            )
+        finally:
+            with anyio.CancelScope(shield=True):
+                await nc.close()
+    except BaseException:
+        if created:
+            assert db is not None
+            remove_store_files(db)
+        raise
+
+
+def remove_store_files(db: Path) -> None:
+    """Remove the SQLite file ``db`` and the files SQLite keeps beside it."""
+    for path in (db, *(db.with_name(db.name + end) for end in ("-wal", "-shm", "-journal"))):
+        path.unlink(missing_ok=True)
 
 
 async def replay_into(
@@ -585,9 +605,17 @@ def _compare(
             for addition in lacked or ():
                 report.older[addition.name] = report.older.get(addition.name, 0) + 1
     report.compared = compared
-    for msg_id, (subject, payload) in produced.items():
+    # the outputs after the last one found on the bus, in the order the fold made them
+    # (the order leaders publish them in), are those of inputs no leader decided yet
+    tail = 0
+    for at, msg_id in enumerate(produced):
+        if msg_id in seen:
+            tail = at + 1
+    for at, (msg_id, (subject, payload)) in enumerate(produced.items()):
         if msg_id not in seen:
-            divergences.append(Divergence("missing", msg_id, subject, payload, None))
+            found = report.undecided if at >= tail else divergences
+            kind: Kind = "undecided" if at >= tail else "missing"
+            found.append(Divergence(kind, msg_id, subject, payload, None))
 
 
 def _lease_id(payload: bytes) -> str | None:

@@ -16,8 +16,12 @@ class SchemaTooNew(StoreError):
     """The database was written by a newer reconciler than this one; it is left as is."""
 
 
+class StoreLocked(StoreError):
+    """Another live replica's writer holds the database (the message names its pid)."""
+
+
 class StoreClosed(StoreError):
     """The store was used after :meth:`~reconciler.store.sqlite.Store.close`."""
 
 
-__all__ = ["SchemaTooNew", "StoreClosed", "StoreError"]
+__all__ = ["SchemaTooNew", "StoreClosed", "StoreError", "StoreLocked"]

@@ -311,6 +311,8 @@ class Store(Database):
             raise StoreError(f"cannot open store {path}: {exc}") from exc
         try:
             check_worker_api(conn)
+            # before anything is written: another program's database stays as it is
+            await _check_replica_store(conn, path, any_version=True)
             await cls._configure(conn, path)
             await migrate(conn, where=f"store {path}")
         except BaseException as exc:
@@ -597,18 +599,31 @@ class Store(Database):
 _REPLICA_TABLES = frozenset({"hosts", "pools", "leases", "decisions", "journal", "position"})
 
 
-async def _check_replica_store(conn: aiosqlite.Connection, path: Path) -> None:
-    """Raise :class:`StoreError` unless ``conn`` is a replica's store of this schema."""
+async def _check_replica_store(
+    conn: aiosqlite.Connection, path: Path, *, any_version: bool = False
+) -> None:
+    """Raise :class:`StoreError` unless ``conn`` is a replica's store of this schema.
+
+    With ``any_version`` (a replica opening its store to migrate it), an empty database
+    (a new store) and a store of any schema version pass: only another program's
+    database is refused, before anything is written into it."""
     rows = await conn.execute_fetchall("SELECT name FROM sqlite_master WHERE type = 'table'")
     tables = {str(row[0]) for row in rows}
+    if any_version and not tables:
+        return
     version = await read_schema_version(conn)
     if version == 0 or not _REPLICA_TABLES.issubset(tables):
-        raise StoreError(
-            f"{path} is not a reconciler replica's store (it has no "
-            f"{', '.join(sorted(_REPLICA_TABLES - tables)) or 'schema_version'} table); "
-            "give the --db of `reconciler run` (left untouched)"
+        missing = ", ".join(sorted(_REPLICA_TABLES - tables)) or "schema_version"
+        what = (
+            "give `reconciler run` a new file or its own store"
+            if any_version
+            else "give the --db of `reconciler run`"
         )
-    if version != LATEST:
+        raise StoreError(
+            f"{path} is not a reconciler replica's store (it has no {missing} table); "
+            f"{what} (left untouched)"
+        )
+    if version != LATEST and not any_version:
         newer = "a newer" if version > LATEST else "an older"
         raise StoreError(
             f"store {path} has schema version {version}, this reconciler reads {LATEST}: "

@@ -11,9 +11,12 @@ core at the speed of SQLite while the loop goes on folding.
 Rules:
 
 - One writer per database, for its whole life: the child takes an exclusive ``flock``
-  on ``<db>.writer-lock`` before it says it is ready. A writer left behind by a killed
-  replica (finishing the transaction in hand) makes the next one wait for it, so the
-  next replica never loads a state that an old commit is still changing.
+  on ``<db>.writer-lock`` before it says it is ready, and writes its replica's pid
+  into that file. A writer left behind by a killed replica (finishing the transaction
+  in hand) makes the next one wait for it, so the next replica never loads a state
+  that an old commit is still changing; a writer whose replica is alive is another
+  replica on the same store, which is refused at once (:class:`StoreLocked`, naming
+  its pid).
 - The child ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group, and
   the parent must be able to commit the batch in hand on its way out). It stops when its
   input closes: the parent closed the store, or died, since the kernel closes a dead
@@ -51,7 +54,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reconciler.store.errors import StoreError
+from reconciler.store.errors import StoreError, StoreLocked
 from reconciler.store.pipes import widen_pipe
 from reconciler.store.transactions import Writes
 from reconciler.store.writer_child import CHECKPOINT_EVERY_S, FRAME_HEADER
@@ -123,6 +126,12 @@ class WriterProcess:
             await writer.close(timeout_s=0)  # never ready: nothing of ours to finish
             why = str(exc) or f"not ready within {ready_timeout_s} s (another writer holds it?)"
             raise StoreError(f"store {path}: the writer process did not start: {why}") from exc
+        if hello[0] == "busy":
+            await writer.close()
+            raise StoreLocked(
+                f"store {path} is in use by another `reconciler run` (PID {hello[1]}): stop "
+                "it first, or give this replica a --db of its own"
+            )
         if hello[0] != "ready":
             await writer.close()
             raise StoreError(f"store {path}: the writer process failed: {hello[1]}")

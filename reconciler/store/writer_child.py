@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO, Any
 
 from reconciler.store.errors import StoreError
@@ -34,6 +35,7 @@ __all__ = [
     "checkpoint",
     "checkpoints",
     "main",
+    "take_writer_lock",
 ]
 
 #: how often the child checkpoints the WAL (passively, beside the commits)
@@ -211,6 +213,60 @@ def _trim() -> None:
         trim(0)
 
 
+def take_writer_lock(lock: IO[bytes]) -> int | None:
+    """Take the writer lock on the open lock file ``lock`` and write into it the replica
+    this writer serves (its parent: pid and start time); or the pid of the live replica
+    whose writer holds it (``None`` once taken). A writer whose replica is gone (killed,
+    its writer finishing the transaction in hand) is waited for: it lets go by itself."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = _holder(lock.read(128))
+        if holder is not None and _started(holder[0]) == holder[1]:
+            return holder[0]
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a previous writer finishes first
+    replica = os.getppid()
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{replica} {_started(replica)}\n".encode())
+    lock.flush()
+    return None
+
+
+def _holder(text: bytes) -> tuple[int, str] | None:
+    """The replica's pid and start time written in a lock file (``None`` for an old
+    or empty one)."""
+    words = text.split()
+    try:
+        pid = int(words[0])
+    except (IndexError, ValueError):
+        return None
+    return (pid, words[1].decode(errors="replace") if len(words) > 1 else "") if pid > 1 else None
+
+
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started (its start time in clock ticks since boot, from
+    ``/proc``: a pid reused by another process has another), ``""`` where ``/proc`` is
+    not there, ``None`` when no such process runs."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        if Path("/proc/self/stat").exists():
+            return None
+    except OSError:
+        pass
+    else:
+        return stat.rsplit(b")", 1)[1].split()[19].decode()
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # another user's: alive
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     """The child: ``python -m reconciler.store.writer_child <db>``, spoken to on its pipes."""
     args = sys.argv[1:] if argv is None else argv
@@ -222,9 +278,12 @@ def main(argv: list[str] | None = None) -> int:
         _reply(replies, ("error", "usage: python -m reconciler.store.writer_child <db>"))
         return 2
     path = args[0]
-    lock_fd = os.open(f"{path}.writer-lock", os.O_CREAT | os.O_RDWR | os.O_APPEND, 0o600)
-    with open(lock_fd, "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a previous writer finishes first
+    lock_fd = os.open(f"{path}.writer-lock", os.O_CREAT | os.O_RDWR, 0o600)
+    with open(lock_fd, "r+b") as lock:
+        holder = take_writer_lock(lock)
+        if holder is not None:
+            _reply(replies, ("busy", holder))
+            return 1
         try:
             conn = _connect(path)
             conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import importlib.util
 import os
+import re
 import socket
 import warnings
 from pathlib import Path
@@ -15,7 +16,7 @@ import anyio.abc
 import pytest
 from structlog.testing import capture_logs
 
-from reconciler.bus.connection import ConnectOptions, connect, parse_urls
+from reconciler.bus.connection import ConnectOptions, connect, parse_urls, shown_urls
 from tests.support.natsserver import NatsProcess, NatsServer, expect_reconnect, start_nats_server
 
 
@@ -150,3 +151,29 @@ async def test_a_server_that_hangs_up_before_its_info_leaves_no_socket_open(
             gc.collect()
     unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     assert unclosed == []
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("http://127.0.0.1:4222", "http:// is not a NATS scheme"),
+        ("nats://127.0.0.1: 4222", "the port is not a number"),
+        ("nats://u:secret@127.0.0.1:99999", "the port is not a number"),
+        ("nats://local host:4222", "has no scheme where the other URLs have one"),
+        ("nats://-bad-:4222", "is not a host name or an IP address"),
+        ("nats://127.0.0.1:4222/path", "has no path"),
+    ],
+)
+def test_a_url_that_cannot_be_a_servers_is_refused_before_connecting(
+    value: str, problem: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(problem)) as refused:
+        parse_urls(value)
+    assert "secret" not in str(refused.value)
+
+
+def test_good_urls_pass_and_are_shown_without_credentials() -> None:
+    urls = parse_urls("nats://u:pw@a.example:4222, tls://[::1]:4443 ws://b/ws")
+    assert urls == ("nats://u:pw@a.example:4222", "tls://[::1]:4443", "ws://b/ws")
+    assert parse_urls("localhost:4222,127.0.0.1") == ("localhost:4222", "127.0.0.1")
+    assert shown_urls(urls) == "nats://a.example:4222, tls://[::1]:4443, ws://b/ws"

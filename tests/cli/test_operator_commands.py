@@ -164,7 +164,7 @@ def test_apply_refuses_the_whole_file_for_one_bad_item(nats_url: str, tmp_path: 
     bad.write_text(orjson.dumps(items).decode())
     code, _, err = invoke("apply", str(bad), "--nats-url", nats_url)
     assert code == 1
-    assert "3 problem(s), nothing published" in err
+    assert "3 problems, nothing published" in err
     assert "item 2 (pool 'bad'): flavor/cpu" in err
     assert "item 3: unknown kind" in err
     assert "item 4 (pool 'ok'): the same pool as item 1" in err

@@ -10,7 +10,8 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.support.garm import SPECS, Garm, b64
+from tests.support.garm import SPECS, Garm, b64, write_config
+from tests.support.simfleet import sim_fleet
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -63,3 +64,20 @@ async def test_bad_calls_exit_1_with_a_clear_message(garm: Garm) -> None:
     assert no_config.code == 1 and "cannot read config file" in no_config.stderr.decode()
     bad_specs = await garm.run(garm.env("ValidatePoolInfo", GARM_POOL_EXTRASPECS="%%%"))
     assert bad_specs.code == 1 and "GARM_POOL_EXTRASPECS" in bad_specs.stderr.decode()
+
+
+async def test_list_instances_with_an_unreachable_host_fails_in_one_line(
+    nats_url: str, tmp_path: Path
+) -> None:
+    async with sim_fleet(1) as fleet:
+        hosts = {**fleet.endpoints, "gone": "https://127.0.0.1:1"}
+        config = write_config(
+            tmp_path / "garm.toml", nats_url=nats_url, hosts=hosts, pools={"small": "ci"}
+        )
+        listed = await Garm(config).list()
+    stderr = listed.stderr.decode()
+    assert listed.code == 1 and listed.stdout == b"", listed.text
+    assert "ExceptionGroup" not in stderr and "Traceback" not in stderr
+    message = stderr.strip().splitlines()[-1]
+    print(message)
+    assert message.startswith("listing instances on gone: "), stderr

@@ -351,3 +351,45 @@ def test_the_reader_child_widens_its_pipe_to_the_replay() -> None:
         child.wait(timeout=60)
         size = fcntl.fcntl(child.stdout.fileno(), fcntl.F_GETPIPE_SZ)
     assert size == min(4 << 20, allowed) > 65536
+
+
+async def test_inputs_no_leader_decided_yet_are_undecided_not_divergences(
+    nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    bus = BusClient(nc)
+    await bus.ensure_streams()
+    async with running_replica(fast_config(nats_url, tmp_path / "rc.db", snapshot_interval_s=0)):
+        await bus.send(
+            b.snapshot("h1", cpu=64, memory_mib=262144, disk_gib=4000),
+            b.pool("web", cpu=1, memory_mib=1024, disk_gib=10, min_ready=0, max_ready=0),
+            *[b.admit(f"a{i}", "web", f"vm-{i}") for i in range(3)],
+        )
+        await bus.wait_caught_up()
+        await bus.decision("a2")
+    # no replica runs now: these stay undecided at the stream's tail
+    await bus.send(*[b.admit(f"late{i}", "web", f"vm-late-{i}") for i in range(2)])
+    opts = ConnectOptions.from_url(nats_url)
+    report = await replay_into(nc, connect_opts=opts)
+    assert report.divergences == [] and report.ok
+    assert {d.kind for d in report.undecided} == {"undecided"}
+    assert {d.msg_id.split(":")[1] for d in report.undecided} == {"late0", "late1"}
+
+    # an output lost before the tail is still a divergence, the tail still undecided
+    names = StreamNames.for_prefix("rc")
+    first = await bus.decision("a0")
+    seq = await _out_seq(nc, names.out_stream, first["request_id"])
+    await bus.js.delete_msg(names.out_stream, seq)
+    again = await replay_into(nc, connect_opts=opts)
+    assert [d.kind for d in again.divergences] == ["missing"] and not again.ok
+    assert len(again.undecided) == len(report.undecided)
+
+
+async def _out_seq(nc: Client, stream: str, request_id: str) -> int:
+    """The OUT stream's sequence of the decision of ``request_id``."""
+    js = nc.jetstream()
+    info = await js.stream_info(stream)
+    for seq in range(int(info.state.first_seq), int(info.state.last_seq) + 1):
+        msg = await js.get_msg(stream, seq)
+        if (msg.headers or {}).get("Nats-Msg-Id", "").startswith(f"decision:{request_id}:"):
+            return seq
+    raise AssertionError(f"no decision of {request_id} on {stream}")

@@ -18,6 +18,7 @@ import pytest
 
 from reconciler.core.state import State
 from reconciler.store import Store, StoreError
+from reconciler.store.errors import StoreLocked
 from reconciler.store.writer import PIPE_BYTES, WriterProcess
 from reconciler.store.writer_child import WriterGate, checkpoint
 from tests.store.test_sqlite import (
@@ -165,14 +166,31 @@ async def test_a_failed_transaction_is_replied_and_the_writer_goes_on(tmp_path: 
 
 
 async def test_one_writer_per_database(tmp_path: Path) -> None:
-    """A second writer waits until the first lets go (a killed replica's writer may be
-    finishing its last transaction)."""
+    """A second writer of a store whose replica runs is refused at once, naming that
+    replica; once the first lets go, another one starts."""
     db = tmp_path / "rc.db"
     async with await Store.open(db, writer_process=True):
-        with pytest.raises(StoreError, match="did not start"):
-            await WriterProcess.start(db, ready_timeout_s=1.0)
+        with pytest.raises(
+            StoreLocked, match=rf"in use by another `reconciler run` \(PID {os.getpid()}\)"
+        ):
+            await WriterProcess.start(db, ready_timeout_s=30.0)
     second = await WriterProcess.start(db, ready_timeout_s=10.0)  # the first one is gone
     await second.close()
+
+
+async def test_the_writer_of_a_killed_replica_is_waited_for(tmp_path: Path) -> None:
+    """A lock whose replica is gone (its writer finishing the last transaction) is waited
+    for, not refused: here a holder that names a pid no process has."""
+    db = tmp_path / "rc.db"
+    with open(f"{db}.writer-lock", "w+b") as held:  # noqa: ASYNC230 - a lock, held
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write(b"999999999 1\n")
+        held.flush()
+        with pytest.raises(StoreError, match="did not start") as waited:
+            await WriterProcess.start(db, ready_timeout_s=1.0)
+        assert not isinstance(waited.value, StoreLocked)
+    writer = await WriterProcess.start(db, ready_timeout_s=10.0)
+    await writer.close()
 
 
 async def test_the_writer_ignores_ctrl_c(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 import click
 
-from reconciler.cli.config_file import ConfigChange, read_items
+from reconciler.cli.config_file import ConfigChange, problems_message, read_items
 from reconciler.cli.oneshot import connect_once, missing_stream
 from reconciler.cli.options import (
     bus_options,
@@ -72,9 +72,7 @@ def apply_cmd(file: Any, wait: float, dry_run: bool, connect_timeout: float, **k
     source = getattr(file, "name", "FILE")
     items, problems = read_items(file.read(), source=source)
     if problems:
-        raise click.ClickException(
-            f"{source}: {len(problems)} problem(s), nothing published:\n  " + "\n  ".join(problems)
-        )
+        raise click.ClickException(problems_message(source, problems, nothing="published"))
     change = ConfigChange(items=tuple(items))
     ok = anyio.run(
         lambda: _apply(common.nats, common.prefix, change, wait, dry_run, connect_timeout, source)
@@ -92,9 +90,7 @@ async def _apply(
     try:
         sizes = change.size_problems(max_payload=nc.max_payload, request_id=request_id)
         if sizes:
-            raise click.ClickException(
-                f"{source}: {len(sizes)} problem(s), nothing published:\n  " + "\n  ".join(sizes)
-            )
+            raise click.ClickException(problems_message(source, sizes, nothing="published"))
         client = ReconcilerClient(nc, prefix=prefix, origin=Origin.CLI)
         if dry_run:
             result = await check(client, change, within_s=max(wait, 5.0))

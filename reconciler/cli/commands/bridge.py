@@ -25,6 +25,7 @@ from reconciler.cli.options import (
     incus_from,
     incus_options,
     log_options,
+    wait_for_file,
 )
 from reconciler.cli.signals import run_until_signalled
 from reconciler.incus.client import IncusHost
@@ -43,9 +44,10 @@ __all__ = ["bridge"]
     "--hosts-config",
     envvar="RC_HOSTS_CONFIG",
     show_envvar=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help='What Incus does not say of a host: {"defaults": {"reserve": {"cpu", "memory_mib", '
-    '"disk_gib"}, "labels": {}, "schedulable": true, "gpu_profile": null, "storage_pool": '
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="What Incus does not say of a host (waited for when it does not exist yet): "
+    '{"defaults": {"reserve": {"cpu", "memory_mib", "disk_gib"}, "labels": {}, '
+    '"schedulable": true, "gpu_profile": null, "storage_pool": '
     '"default"}, "hosts": {"<host>": {…}}}. A host takes new work only when it says '
     "schedulable and no operator cordoned it (reconciler cordon, drain; uncordon).",
 )
@@ -80,6 +82,7 @@ def bridge(
         raise click.UsageError("no Incus hosts: give --incus-fleet FILE or --incus HOST=URL")
     settings = {"*": HostSettings()}
     if hosts_config is not None:
+        wait_for_file(hosts_config, option="--hosts-config")
         try:
             settings = settings_from_json(orjson.loads(hosts_config.read_bytes()))
         except (OSError, ValueError, TypeError) as exc:

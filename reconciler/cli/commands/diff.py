@@ -20,7 +20,7 @@ import anyio
 import click
 
 from reconciler.cli.commands.apply import check
-from reconciler.cli.config_file import ConfigChange, read_items
+from reconciler.cli.config_file import ConfigChange, problems_message, read_items
 from reconciler.cli.oneshot import connect_once
 from reconciler.cli.options import (
     bus_options,
@@ -64,9 +64,7 @@ def diff_cmd(
     source = getattr(file, "name", "FILE")
     items, problems = read_items(file.read(), source=source)
     if problems:
-        raise DiffTrouble(
-            f"{source}: {len(problems)} problem(s), nothing compared:\n  " + "\n  ".join(problems)
-        )
+        raise DiffTrouble(problems_message(source, problems, nothing="compared"))
     change = ConfigChange(items=tuple(items))
     try:
         result = anyio.run(

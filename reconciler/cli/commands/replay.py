@@ -1,5 +1,6 @@
 """``reconciler replay``: fold the input stream again and compare every output with the
-output stream; prints the report (or one JSON object) and exits 1 on any divergence.
+output stream; prints the report (or one JSON object) and exits 1 on any divergence
+(outputs of inputs no leader has decided yet are ``undecided``, apart, never a failure).
 While it folds, a terminal's standard error shows how far it is, its rate and the time
 left (:mod:`reconciler.cli.progress`); nothing when standard error is not a terminal.
 """
@@ -59,7 +60,9 @@ def replay_command(
     **kwargs: Any,
 ) -> None:
     """Fold the input stream into a fresh database and compare every decision with the
-    output stream. Prints a digest of the state; exits 1 on any divergence."""
+    output stream. Prints a digest of the state; exits 1 on any divergence. Inputs at
+    the stream's tail that no leader has decided yet are reported as undecided, apart,
+    and do not make it fail. Interrupted (Ctrl-C), it removes the --db it created."""
     common = common_from(kwargs, name="reconciler-replay")
     retention = kwargs["decision_retention"]
     # on a terminal only (standard error): inputs folded, their rate and the time left
@@ -91,6 +94,7 @@ def replay_command(
                     "outputs": report.outputs,
                     "compared": report.compared,
                     "divergences": len(report.divergences),
+                    "undecided": len(report.undecided),
                     "digest": report.digest,
                     "snapshot_seq": report.snapshot_seq,
                     "snapshot_digest": report.snapshot_digest,
@@ -128,6 +132,12 @@ def replay_command(
                 click.echo(f"    replay: {d.expected.decode(errors='replace')}")
             if d.found is not None:
                 click.echo(f"    stream: {d.found.decode(errors='replace')}")
+        if report.undecided:
+            click.echo(
+                f"{len(report.undecided)} undecided: outputs of inputs at the stream's tail "
+                "that no leader has decided yet (not divergences; replay again once a "
+                "replica has caught up to compare them)"
+            )
         if report.divergences:
             click.secho(f"{len(report.divergences)} divergences", fg="red", bold=True)
         else:

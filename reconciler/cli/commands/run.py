@@ -111,12 +111,16 @@ def run(**kwargs: Any) -> None:
         raise click.UsageError(str(exc)) from exc
     thresholds = apply_gc_threshold(kwargs["gc_threshold"])
     structlog.get_logger("reconciler").debug("gc.thresholds", thresholds=list(thresholds))
-    try:
-        anyio.run(
-            lambda: run_until_signalled(
-                lambda stop: Replica(config).run(stop=stop),
-                stopping="stopping after the batch in hand",
-            )
+
+    async def main() -> None:
+        replica = Replica(config)
+        await run_until_signalled(
+            lambda stop: replica.run(stop=stop),
+            stopping="stopping after the batch in hand",
+            started=replica.started,
         )
+
+    try:
+        anyio.run(main)
     except (StartupError, StoreError) as exc:
         raise click.ClickException(str(exc)) from exc
