@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import re
 import shutil
@@ -166,6 +167,11 @@ def test_the_tour_runs_as_written(tour_dir: Path) -> None:
                 continue
             if jobs and not _ready(cwd):
                 _wait_for("a leader and both hosts", functools.partial(_ready, cwd))
+            if jobs and not command.startswith(_READS):
+                # a reader reads the prose between two commands: the warm VMs the tour
+                # says were booting have booted by the time the next command changes
+                # anything (a claim typed 0.1 s after `apply` finds none ready)
+                _wait_for("warm VMs booted", functools.partial(_booted, cwd, env))
             last_status = _run(step, command, cwd, env, tour=tour, port=port)
     finally:
         for job in jobs:  # a job's group: the shell and the command it runs
@@ -182,6 +188,24 @@ def _ready(cwd: Path) -> bool:
         return path.read_text(errors="replace") if path.exists() else ""
 
     return "leader.ready" in log("run.log") and log("bridge.log").count("bridge.inventory") >= 2
+
+
+def _booted(cwd: Path, env: dict[str, str]) -> bool:
+    """No pool has a warm VM booting (or no store yet: nothing to boot)."""
+    if not (cwd / "rc.db").exists():
+        return True
+    result = subprocess.run(
+        ["reconciler", "status", "--db", "rc.db", "--json"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if result.returncode != 0:
+        return False
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    return all(row.get("booting", 0) == 0 for row in rows if row.get("type") == "pool")
 
 
 def _run(step: Step, command: str, cwd: Path, env: dict[str, str], *, tour: str, port: int) -> int:
