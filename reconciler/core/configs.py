@@ -165,6 +165,7 @@ def _build_pool(cfg: ev.PoolConfig, seq: int) -> Pool:
         project=cfg.project,
         seq=seq,
         instance_type=cfg.instance_type,
+        queue_wait_s=cfg.queue_wait_s,
     )
 
 
@@ -223,6 +224,8 @@ def _pool_payload(pool: Pool) -> dict[str, Any]:
     }
     if pool.instance_type is not None:
         out["instance_type"] = pool.instance_type.value
+    if pool.queue_wait_s is not None:
+        out["queue"] = {"wait_s": pool.queue_wait_s}
     return out
 
 

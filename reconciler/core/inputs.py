@@ -138,6 +138,7 @@ class PoolConfig:
     profiles: tuple[str, ...]
     project: str
     instance_type: InstanceType | None = None
+    queue_wait_s: int | None = None
 
 
 @fast_init
@@ -215,6 +216,8 @@ class Admit:
     host: HostName | None
     claims: tuple[ClaimSpec, ...]
     preemptible: bool = False
+    #: seconds it may wait for room (an addition): ``None`` takes the pool's default
+    wait_s: int | None = None
 
     @property
     def verb(self) -> str:
@@ -283,6 +286,18 @@ class RenderRuntime:
 
 @fast_init
 @dataclass(frozen=True, slots=True)
+class QueueTimeout:
+    """The leader's word that a waiting request's deadline has passed (an addition):
+    the fold ends every wait whose deadline is at or before the command's timestamp."""
+
+    request_id: RequestId
+    #: the waiting request it is published for
+    waiting: RequestId
+    verb = "queue-timeout"
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
 class ApplyConfig:
     """Config items to put and to delete, applied whole or not at all (an addition)."""
 
@@ -335,6 +350,7 @@ Command = (
     | Cordon
     | Uncordon
     | Drain
+    | QueueTimeout
 )
 Input = (
     HostSnapshot
@@ -506,6 +522,7 @@ def _pool(p: Payload) -> PoolConfig:
         profiles=tuple(p.get("profiles") or ()),
         project=p.get("project", "default"),
         instance_type=InstanceType(p["instance_type"]) if "instance_type" in p else None,
+        queue_wait_s=p["queue"]["wait_s"] if "queue" in p else None,
     )
 
 
@@ -560,6 +577,7 @@ def _admit(p: Payload, preemptible: bool = False) -> Admit:
         p.get("host"),
         tuple(_claim(c) for c in claims) if claims else (),
         preemptible,
+        p.get("wait_s"),
     )
 
 
@@ -613,6 +631,7 @@ _BUILDERS: dict[str, Callable[[Payload], Input]] = {
     "cmd.cordon": lambda p: Cordon(p["request_id"], p["host"]),
     "cmd.uncordon": lambda p: Uncordon(p["request_id"], p["host"]),
     "cmd.drain": lambda p: Drain(p["request_id"], p["host"]),
+    "cmd.queue-timeout": lambda p: QueueTimeout(p["request_id"], p["waiting"]),
 }
 
 #: input kinds, as named by the subject after ``<prefix>.in.`` (host token removed)

@@ -42,6 +42,7 @@ from reconciler.core.model import (
     RequestId,
     ResourceClass,
 )
+from reconciler.core.waiting import WaitIndex, Waiting
 
 _K = TypeVar("_K", bound=str)
 
@@ -166,6 +167,8 @@ class Effects:
     jobs: set[JobId] = field(default_factory=set)
     #: pools whose warm VM could not be created or started (the top-up backs off)
     failed_pools: set[PoolName] = field(default_factory=set)
+    #: requests that began or stopped waiting, or whose queue entry changed (its row)
+    waiting: set[RequestId] = field(default_factory=set)
     #: input kinds recorded but ignored (stale revisions, no-op events), for logs
     notes: list[tuple[int, str]] = field(default_factory=list)
 
@@ -183,6 +186,7 @@ class Effects:
         self.decisions |= other.decisions
         self.jobs |= other.jobs
         self.failed_pools |= other.failed_pools
+        self.waiting |= other.waiting
         self.notes.extend(other.notes)
 
 
@@ -206,6 +210,8 @@ class State:
     #: keeps them forever. Configuration, not state: every replica and every replay of
     #: one stream must fold with the same value (``--decision-retention``).
     decision_retention_s: int | None = None
+    #: requests waiting for room (reconciler.core.waiting), by request id
+    waiting: dict[RequestId, Waiting] = field(default_factory=dict)
 
     # ---- derived (not persisted; rebuilt from the above by reindex) ----
     #: instance -> its latest lease
@@ -236,6 +242,8 @@ class State:
     candidates: CandidateIndex = field(default_factory=CandidateIndex)
     #: what retention will evict, by the second it was decided or released
     expiry: ExpiryIndex = field(default_factory=ExpiryIndex)
+    #: the waiting requests by lane, deadline, instance and pool
+    queue: WaitIndex = field(default_factory=WaitIndex)
 
     def reindex(self) -> None:
         self.by_instance = {}
@@ -257,6 +265,7 @@ class State:
         for lease in sorted(self.leases.values(), key=lambda le: (le.admitted_seq, le.lease_id)):
             self.by_instance[lease.instance] = lease.lease_id
             self._count(lease, +1)
+        self.queue = WaitIndex.of(self.waiting)
 
     def put_host(self, host: Host) -> None:
         if host.name not in self.hosts:

@@ -96,4 +96,11 @@ def state_digest(
     update(b"[released_at]\n")
     for lease_id in sorted(state.released_at):
         update(f"{lease_id}={state.released_at[lease_id]}\n".encode())
+    if state.waiting:  # only then: a state that never queued keeps its digest
+        update(b"[waiting]\n")
+        for request_id in sorted(state.waiting):
+            update(request_id.encode())
+            update(b"=")
+            update(encode(state.waiting[request_id]))
+            update(b"\n")
     return h.hexdigest()

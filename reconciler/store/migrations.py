@@ -162,12 +162,19 @@ _V5 = (
        BEGIN SELECT RAISE(ABORT, 'the journal is append-only (only retention prunes it)'); END""",
 )
 
+_V6 = (
+    # the admission queue (reconciler.core.waiting): one row per waiting request, its
+    # entity's encoding, until it is admitted, times out or is cancelled
+    "CREATE TABLE waiting (name TEXT PRIMARY KEY, data TEXT NOT NULL)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "entities, journal, outbox, position", _V1),
     Migration(2, "audit indexes; append-only journal triggers", _V2),
     Migration(3, "published position of the outbox", _V3),
     Migration(4, "outbox by batch; fewer lease indexes", _V4),
     Migration(5, "retention: decision and release times, journal time and pruning", _V5),
+    Migration(6, "the admission queue: waiting requests", _V6),
 )
 
 #: the schema version this code writes

@@ -62,6 +62,7 @@ from reconciler.core.model import (
     ResourceClass,
 )
 from reconciler.core.state import DecisionRecord, Effects, State
+from reconciler.core.waiting import Waiting
 from reconciler.store.codec import CodecError, from_builtins
 from reconciler.store.digest import state_digest
 from reconciler.store.sqlite import _UPSERT_JOB, Batch, encode_batch
@@ -222,6 +223,14 @@ def write_snapshot(conn: sqlite3.Connection, sink: BinaryIO) -> Snapshot:
         for lease_id, released_at in conn.execute(sql):
             h.update(f"{lease_id}={released_at}\n".encode())
             lines.append(dumps(["released_at", lease_id, released_at]))
+        # the queue's section only when something waits (older snapshots' digests hold)
+        waiting = conn.execute("SELECT name, data FROM waiting ORDER BY name").fetchall()
+        if waiting:
+            h.update(b"[waiting]\n")
+        for key, data in waiting:
+            raw = data.encode() if isinstance(data, str) else bytes(data)
+            h.update(key.encode() + b"=" + raw + b"\n")
+            lines.append(b'["waiting",' + dumps(key) + b"," + raw + b"]")
         sql = "SELECT input_seq, outputs FROM outbox_batches WHERE input_seq > ? ORDER BY input_seq"
         for input_seq, blob in conn.execute(sql, (published,)):
             lines.append(dumps(["outbox", input_seq, base64.b64encode(bytes(blob)).decode()]))
@@ -289,6 +298,7 @@ def _decode(data: bytes) -> DecodedSnapshot:
     state = State(applied_seq=applied)
     classes = {name: (attr, cls) for name, _, attr, cls in _ENTITIES}
     classes["leases"] = ("leases", Lease)
+    classes["waiting"] = ("waiting", Waiting)
     out = DecodedSnapshot(state=state, published_seq=published, digest=digest)
     for number, line in enumerate(lines[1:], start=2):
         try:
@@ -378,6 +388,7 @@ def restore_batch(snapshot: DecodedSnapshot) -> Batch:
         policies=set(state.policies),
         leases=set(state.leases),
         decisions=set(state.decisions),
+        waiting=set(state.waiting),
     )
     batch = encode_batch(state, fx, applied_seq=state.applied_seq)
     writes = list(batch.writes)

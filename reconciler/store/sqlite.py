@@ -43,6 +43,7 @@ from reconciler.core.model import (
     ResourceClass,
 )
 from reconciler.core.state import DecisionRecord, Effects, State
+from reconciler.core.waiting import Waiting
 from reconciler.store.codec import CodecError, decode, encode
 from reconciler.store.database import Database, check_worker_api, create_private
 from reconciler.store.errors import StoreError
@@ -67,6 +68,7 @@ _NAMED: tuple[tuple[str, str, str, type[Any]], ...] = (
     ("classes", "classes", "classes", ResourceClass),
     ("profiles", "profiles", "gpu_profiles", GpuProfile),
     ("policies", "policies", "gpu_policies", GpuPolicy),
+    ("waiting", "waiting", "waiting", Waiting),
 )
 
 _UPSERT_NAMED = (

@@ -75,6 +75,7 @@ EXPECTED_TYPE: dict[str, type] = {
     "cmd.cordon": ev.Cordon,
     "cmd.uncordon": ev.Uncordon,
     "cmd.drain": ev.Drain,
+    "cmd.queue-timeout": ev.QueueTimeout,
 }
 _TOKEN_FIELD = {"host": "host", "pool": "pool", "class": "class", "name": "name"}
 
