@@ -9,7 +9,8 @@ leader's work.
 - The leader's work: :mod:`.outbox_publisher` (the outbox onto the bus),
   :mod:`.status_reporter` (host and pool status), :mod:`.topup` (warm pools kept at
   their minimum), :mod:`.verify` (suspect leases checked live),
-  :mod:`.reservation_reaper` (cold reservations never created, released), and
+  :mod:`.reservation_reaper` (cold reservations never created, released),
+  :mod:`.queue_timer` (waits whose deadline passed, noticed on an idle bus), and
   :mod:`.snapshot_bucket` (the state published as snapshots, and a new replica started
   from one).
 - :mod:`.query_responder`: ``<prefix>.query.*`` answered from the synced state.

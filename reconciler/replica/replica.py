@@ -54,6 +54,7 @@ from reconciler.replica.leader import LeaderElection, Leadership
 from reconciler.replica.outbox_publisher import OutboxPublisher
 from reconciler.replica.pipeline import Pipeline
 from reconciler.replica.query_responder import QueryResponder
+from reconciler.replica.queue_timer import QueueTimer
 from reconciler.replica.reservation_reaper import (
     DEFAULT_JOURNAL_RETENTION_S,
     DEFAULT_RESERVATION_TIMEOUT_S,
@@ -386,6 +387,7 @@ class Replica:
             timeout_s=cfg.reservation_timeout_s,
             interval_s=cfg.status_progress_interval_s,
         )
+        queue_timer = QueueTimer(pipeline=pipeline, js=js, prefix=cfg.prefix)
         verifier = SuspectVerifier(
             pipeline=pipeline,
             js=js,
@@ -418,6 +420,7 @@ class Replica:
                 pipeline.add_listener(warm.notify)
                 pipeline.add_listener(verifier.notify)
                 pipeline.add_listener(reaper.notify)
+                pipeline.add_listener(queue_timer.notify)
                 tg.start_soon(reporter.run, name="status")
                 commands = anyio.CancelScope()
 
@@ -427,6 +430,7 @@ class Replica:
                             issuers.start_soon(warm.run, name="warm-pools")
                             issuers.start_soon(verifier.run, name="verify")
                             issuers.start_soon(reaper.run, name="reservations")
+                            issuers.start_soon(queue_timer.run, name="queue-timer")
 
                 if not self._stopping:  # elected while stopping: only publish
                     self._commands = commands
@@ -443,6 +447,7 @@ class Replica:
             pipeline.remove_listener(warm.notify)
             pipeline.remove_listener(verifier.notify)
             pipeline.remove_listener(reaper.notify)
+            pipeline.remove_listener(queue_timer.notify)
             self._published += publisher.published
             self._status_published += reporter.published
             self._publisher = self._reporter = None

@@ -12,6 +12,7 @@ request ids, and every choice ends in a total order on names. A message at or be
 - :mod:`.config`: pools, resource classes, GPU profiles and policies, one at a time or
   as one ``apply-config`` change;
 - :mod:`.commands`: admit, claim-warm, drains, the mark-* commands, release, render-runtime;
+- :mod:`.admission`: what an admission checks and books, at once or after waiting;
 - :mod:`.queue`: requests that wait for room (the admission queue): queued, tried
   again after every input that may free room, timed out on message time, cancelled;
 - :mod:`.gates`: the launch gate of a preemptible admission, which host inputs and
