@@ -67,6 +67,7 @@ __all__ = [
     "overtakes",
     "pump",
     "starving_hold",
+    "tenant_of",
     "wait_of",
 ]
 
@@ -211,6 +212,11 @@ def on_queue_timeout(step: Step, cmd: ev.QueueTimeout) -> None:
 
 
 # ------------------------------------------------------------------------- order
+
+
+def tenant_of(state: State, pool: PoolName) -> str | None:
+    """The tenant whose pools name ``pool`` (``None``: a pool of no tenant)."""
+    return None
 
 
 def tenant_share(state: State, pool: PoolName) -> float:
