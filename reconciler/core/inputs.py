@@ -32,6 +32,7 @@ from reconciler.core.model import (
     Placement,
     PolicySelector,
     PoolName,
+    Quota,
     RequestId,
     Resources,
     WarmPolicy,
@@ -166,7 +167,21 @@ class GpuPolicyConfig:
     overrides: dict[str, Any]  # validated by the fold, so a bad one is rejected by name
 
 
-ConfigInput = PoolConfig | ClassConfig | GpuProfileConfig | GpuPolicyConfig
+@fast_init
+@dataclass(frozen=True, slots=True)
+class TenantConfig:
+    """A tenant (an addition): its pools, nominal quota, weight and cohort."""
+
+    tenant: str
+    pools: tuple[PoolName, ...]
+    quota: Quota
+    weight: int
+    cohort: str | None
+    borrowing_limit: Quota | None
+    lending_limit: Quota | None
+
+
+ConfigInput = PoolConfig | ClassConfig | GpuProfileConfig | GpuPolicyConfig | TenantConfig
 
 
 @fast_init
@@ -362,6 +377,7 @@ Input = (
     | ClassConfig
     | GpuProfileConfig
     | GpuPolicyConfig
+    | TenantConfig
     | RefusedConfig
     | Command
 )
@@ -564,6 +580,26 @@ def _gpu_policy(p: Payload) -> GpuPolicyConfig:
     )
 
 
+def _quota(q: Payload | None) -> Quota | None:
+    if q is None:
+        return None
+    return Quota(
+        q.get("cpu"), q.get("memory_mib"), q.get("disk_gib"), q.get("gpus"), q.get("instances")
+    )
+
+
+def _tenant(p: Payload) -> TenantConfig:
+    return TenantConfig(
+        tenant=p["tenant"],
+        pools=tuple(PoolName(name) for name in p.get("pools") or ()),
+        quota=_quota(p.get("quota")) or Quota(),
+        weight=p.get("weight", 1),
+        cohort=p.get("cohort"),
+        borrowing_limit=_quota(p.get("borrowing_limit")),
+        lending_limit=_quota(p.get("lending_limit")),
+    )
+
+
 def _admit(p: Payload, preemptible: bool = False) -> Admit:
     claims = p.get("claims")
     value = p.get("kind", "cold")
@@ -618,6 +654,7 @@ _BUILDERS: dict[str, Callable[[Payload], Input]] = {
     "config.class": _class,
     "config.gpu-profile": _gpu_profile,
     "config.gpu-policy": _gpu_policy,
+    "config.tenant": _tenant,
     "cmd.admit": _admit,
     "cmd.admit-preemptible": partial(_admit, preemptible=True),
     "cmd.claim-warm": lambda p: ClaimWarm(p["request_id"], p["pool"], p["job"]),
@@ -643,6 +680,7 @@ CONFIG_NAME_FIELDS: dict[str, str] = {
     "class": "class",
     "gpu-profile": "name",
     "gpu-policy": "name",
+    "tenant": "tenant",
 }
 
 # Which payload field must equal the subject's name token, per kind family.

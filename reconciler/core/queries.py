@@ -218,14 +218,16 @@ def queue(state: State, request: Mapping[str, Any]) -> dict[str, Any]:
     requests: list[dict[str, Any]] = []
     for entry in ordered(state):
         position = positions[entry.pool] = positions.get(entry.pool, 0) + 1
-        owner = tenant_of(state, entry.pool)
-        if (pool is not None and entry.pool != pool) or (tenant is not None and owner != tenant):
+        tenant_name = tenant_of(state, entry.pool)
+        if (pool is not None and entry.pool != pool) or (
+            tenant is not None and tenant_name != tenant
+        ):
             continue
         requests.append(
             {
                 "request_id": entry.request_id,
                 "pool": entry.pool,
-                "tenant": owner,
+                "tenant": tenant_name,
                 "position": position,
                 "reason": entry.reason,
                 "queued_at": entry.queued_at,

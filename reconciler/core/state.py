@@ -41,6 +41,7 @@ from reconciler.core.model import (
     PoolName,
     RequestId,
     ResourceClass,
+    Tenant,
 )
 from reconciler.core.waiting import WaitIndex, Waiting
 
@@ -169,6 +170,8 @@ class Effects:
     failed_pools: set[PoolName] = field(default_factory=set)
     #: requests that began or stopped waiting, or whose queue entry changed (its row)
     waiting: set[RequestId] = field(default_factory=set)
+    #: tenants whose config changed (their rows)
+    tenants: set[str] = field(default_factory=set)
     #: input kinds recorded but ignored (stale revisions, no-op events), for logs
     notes: list[tuple[int, str]] = field(default_factory=list)
 
@@ -187,6 +190,7 @@ class Effects:
         self.jobs |= other.jobs
         self.failed_pools |= other.failed_pools
         self.waiting |= other.waiting
+        self.tenants |= other.tenants
         self.notes.extend(other.notes)
 
 
@@ -212,6 +216,8 @@ class State:
     decision_retention_s: int | None = None
     #: requests waiting for room (reconciler.core.waiting), by request id
     waiting: dict[RequestId, Waiting] = field(default_factory=dict)
+    #: tenants (config), by name
+    tenants: dict[str, Tenant] = field(default_factory=dict)
 
     # ---- derived (not persisted; rebuilt from the above by reindex) ----
     #: instance -> its latest lease
@@ -244,6 +250,9 @@ class State:
     expiry: ExpiryIndex = field(default_factory=ExpiryIndex)
     #: the waiting requests by lane, deadline, instance and pool
     queue: WaitIndex = field(default_factory=WaitIndex)
+    #: pool -> [cpu, memory_mib, disk_gib, gpus] booked by its active leases (tenants'
+    #: usage; its instances are ``pool_booking``)
+    pool_used: dict[PoolName, list[int]] = field(default_factory=dict)
 
     def reindex(self) -> None:
         self.by_instance = {}
@@ -252,6 +261,7 @@ class State:
         self.booked = {}
         self.gpus_held = {}
         self.pool_booking = {}
+        self.pool_used = {}
         self.pool_warm_unclaimed = {}
         self.pool_ready = {}
         self.pool_booting = {}
@@ -320,6 +330,13 @@ class State:
                     held.pop(ix, None)
         pool = lease.pool
         self.pool_booking[pool] = self.pool_booking.get(pool, 0) + sign
+        used = self.pool_used.get(pool)
+        if used is None:
+            used = self.pool_used[pool] = [0, 0, 0, 0]
+        used[0] += sign * d.cpu
+        used[1] += sign * d.memory_mib
+        used[2] += sign * d.disk_gib
+        used[3] += sign * len(gpus)
 
     def _count_pool(self, lease: Lease, sign: int) -> None:
         """An active lease's share of its pool's counts and warm indexes, which follow

@@ -46,6 +46,7 @@ from reconciler.core.model import (
     HostName,
     InstanceName,
     JobId,
+    LeaseId,
     LeaseKind,
     PoolName,
     RequestId,
@@ -96,6 +97,8 @@ class Waiting:
     reason: str
     #: how many admissions overtook it on room it could use (the backfill rule)
     passed: int = 0
+    #: idle warm VMs of borrowers drained for it (its tenant reclaims), while any is left
+    reclaim: tuple[LeaseId, ...] = ()
 
     @property
     def lane(self) -> Lane:

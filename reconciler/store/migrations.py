@@ -166,6 +166,8 @@ _V6 = (
     # the admission queue (reconciler.core.waiting): one row per waiting request, its
     # entity's encoding, until it is admitted, times out or is cancelled
     "CREATE TABLE waiting (name TEXT PRIMARY KEY, data TEXT NOT NULL)",
+    # tenants (config kind tenant): their pools, quotas, weights and cohorts
+    "CREATE TABLE tenants (name TEXT PRIMARY KEY, data TEXT NOT NULL)",
 )
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -174,7 +176,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "published position of the outbox", _V3),
     Migration(4, "outbox by batch; fewer lease indexes", _V4),
     Migration(5, "retention: decision and release times, journal time and pruning", _V5),
-    Migration(6, "the admission queue: waiting requests", _V6),
+    Migration(6, "the admission queue and tenants", _V6),
 )
 
 #: the schema version this code writes

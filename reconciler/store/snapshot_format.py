@@ -60,6 +60,7 @@ from reconciler.core.model import (
     Pool,
     RequestId,
     ResourceClass,
+    Tenant,
 )
 from reconciler.core.state import DecisionRecord, Effects, State
 from reconciler.core.waiting import Waiting
@@ -91,6 +92,11 @@ _ENTITIES: tuple[tuple[str, str, str, type[Any]], ...] = (
     ("profiles", "gpu_profiles", "profiles", GpuProfile),
     ("policies", "gpu_policies", "policies", GpuPolicy),
 )
+
+
+#: tables (snapshot table = SQLite table = ``State`` attribute) in the digest and the
+#: snapshot only when they hold rows, in digest order
+_OPTIONAL = ("waiting", "tenants")
 
 
 class SnapshotError(ValueError):
@@ -223,14 +229,15 @@ def write_snapshot(conn: sqlite3.Connection, sink: BinaryIO) -> Snapshot:
         for lease_id, released_at in conn.execute(sql):
             h.update(f"{lease_id}={released_at}\n".encode())
             lines.append(dumps(["released_at", lease_id, released_at]))
-        # the queue's section only when something waits (older snapshots' digests hold)
-        waiting = conn.execute("SELECT name, data FROM waiting ORDER BY name").fetchall()
-        if waiting:
-            h.update(b"[waiting]\n")
-        for key, data in waiting:
-            raw = data.encode() if isinstance(data, str) else bytes(data)
-            h.update(key.encode() + b"=" + raw + b"\n")
-            lines.append(b'["waiting",' + dumps(key) + b"," + raw + b"]")
+        # the queue and the tenants only when there are any (older digests hold)
+        for name in _OPTIONAL:
+            rows = conn.execute(f"SELECT name, data FROM {name} ORDER BY name").fetchall()
+            if rows:
+                h.update(b"[%s]\n" % name.encode())
+            for key, data in rows:
+                raw = data.encode() if isinstance(data, str) else bytes(data)
+                h.update(key.encode() + b"=" + raw + b"\n")
+                lines.append(b'["' + name.encode() + b'",' + dumps(key) + b"," + raw + b"]")
         sql = "SELECT input_seq, outputs FROM outbox_batches WHERE input_seq > ? ORDER BY input_seq"
         for input_seq, blob in conn.execute(sql, (published,)):
             lines.append(dumps(["outbox", input_seq, base64.b64encode(bytes(blob)).decode()]))
@@ -299,6 +306,7 @@ def _decode(data: bytes) -> DecodedSnapshot:
     classes = {name: (attr, cls) for name, _, attr, cls in _ENTITIES}
     classes["leases"] = ("leases", Lease)
     classes["waiting"] = ("waiting", Waiting)
+    classes["tenants"] = ("tenants", Tenant)
     out = DecodedSnapshot(state=state, published_seq=published, digest=digest)
     for number, line in enumerate(lines[1:], start=2):
         try:
@@ -389,6 +397,7 @@ def restore_batch(snapshot: DecodedSnapshot) -> Batch:
         leases=set(state.leases),
         decisions=set(state.decisions),
         waiting=set(state.waiting),
+        tenants=set(state.tenants),
     )
     batch = encode_batch(state, fx, applied_seq=state.applied_seq)
     writes = list(batch.writes)

@@ -41,6 +41,7 @@ from reconciler.core.model import (
     Pool,
     RequestId,
     ResourceClass,
+    Tenant,
 )
 from reconciler.core.state import DecisionRecord, Effects, State
 from reconciler.core.waiting import Waiting
@@ -69,6 +70,7 @@ _NAMED: tuple[tuple[str, str, str, type[Any]], ...] = (
     ("profiles", "profiles", "gpu_profiles", GpuProfile),
     ("policies", "policies", "gpu_policies", GpuPolicy),
     ("waiting", "waiting", "waiting", Waiting),
+    ("tenants", "tenants", "tenants", Tenant),
 )
 
 _UPSERT_NAMED = (

@@ -106,6 +106,7 @@ _HANDLERS: dict[type, Callable[[Step, Any], None]] = {
     ev.ClassConfig: config.on_class,
     ev.GpuProfileConfig: config.on_gpu_profile,
     ev.GpuPolicyConfig: config.on_gpu_policy,
+    ev.TenantConfig: config.on_tenant,
     ev.RefusedConfig: config.on_refused_config,
     ev.Admit: commands.on_admit,
     ev.ClaimWarm: commands.on_claim_warm,

@@ -21,7 +21,9 @@ from reconciler.core.fold.queue import (
     kept_for_queue,
     lane_waits,
     overtakes,
+    reclaim,
     starving_hold,
+    tenant_refusal,
     wait_of,
 )
 from reconciler.core.fold.step import Step
@@ -134,6 +136,13 @@ def on_admit(step: Step, cmd: ev.Admit) -> None:
             detail = str(exc)
             step.decide(cmd.request_id, verb, "rejected", reason="invalid-claim", detail=detail)
             return
+    if state.tenants:
+        refusal = tenant_refusal(state, pool, claims)
+        if refusal is not None:
+            if wait_s and enqueue(step, cmd, verb, wait_s, "tenant-quota", refusal):
+                return
+            step.decide(cmd.request_id, verb, "rejected", reason="tenant-quota", detail=refusal)
+            return
     result = choose_host(state, pool, pool.flavor, claims, selected=cmd.host)
     if not isinstance(result, PlacementResult):
         host, gpus = result
@@ -164,6 +173,8 @@ def on_admit(step: Step, cmd: ev.Admit) -> None:
         and curable(result, result.reason)
         and enqueue(step, cmd, verb, wait_s, result.reason, detail)
     ):
+        if state.tenants and result.reason == "insufficient-capacity":
+            reclaim(step, state.waiting[cmd.request_id], pool, claims)
         return
     step.decide(cmd.request_id, verb, "rejected", reason=result.reason, detail=detail)
 

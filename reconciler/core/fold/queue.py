@@ -45,18 +45,30 @@ from reconciler.core.placement import (
     ClaimError,
     Fit,
     PlacementResult,
+    capacity_bound,
     choose_host,
     evaluate,
     merge_claims,
     resolve_claims,
 )
+from reconciler.core.preemption import choose_victims
 from reconciler.core.state import State
+from reconciler.core.tenants import (
+    borrower_pools,
+    demand_of,
+    fleet_room,
+    owner,
+    quota_refusal,
+    shares,
+    under_nominal,
+)
 from reconciler.core.waiting import BACKFILL_LIMIT, QUEUE_REASONS, Lane, Waiting, epoch_ms
 
 __all__ = [
     "NO_ROOM_FREED",
     "cancel",
     "curable",
+    "current_shares",
     "enqueue",
     "expire_due",
     "kept_for_queue",
@@ -66,8 +78,10 @@ __all__ = [
     "ordered",
     "overtakes",
     "pump",
+    "reclaim",
     "starving_hold",
     "tenant_of",
+    "tenant_refusal",
     "wait_of",
 ]
 
@@ -216,26 +230,38 @@ def on_queue_timeout(step: Step, cmd: ev.QueueTimeout) -> None:
 
 def tenant_of(state: State, pool: PoolName) -> str | None:
     """The tenant whose pools name ``pool`` (``None``: a pool of no tenant)."""
-    return None
+    found = owner(state, pool) if state.tenants else None
+    return found.name if found is not None else None
 
 
-def tenant_share(state: State, pool: PoolName) -> float:
-    """The weighted dominant-resource share of the tenant of ``pool`` (0 for a pool of
-    no tenant)."""
-    return 0.0
+def current_shares(state: State) -> dict[PoolName, float]:
+    """The tenants' weighted dominant-resource shares by pool (empty without tenants)."""
+    return shares(state, fleet_room(state)) if state.tenants else {}
 
 
-def order_key(state: State, entry: Waiting) -> tuple[int, float, int]:
+def order_key(
+    state: State, entry: Waiting, by_pool: dict[PoolName, float]
+) -> tuple[int, float, int]:
     """Where a waiting request stands: priority (higher first), its tenant's share
-    (lower first), input order."""
+    (lower first; ``by_pool``, from :func:`current_shares`), input order."""
     pool = state.pools.get(entry.pool)
-    return (-(pool.priority if pool is not None else 0), tenant_share(state, entry.pool), entry.seq)
+    priority = pool.priority if pool is not None else 0
+    return (-priority, by_pool.get(entry.pool, 0.0), entry.seq)
 
 
 def ordered(state: State) -> list[Waiting]:
     """Every waiting request in the order the queue would admit them (shares as they
     stand now)."""
-    return sorted(state.waiting.values(), key=lambda w: order_key(state, w))
+    by_pool = current_shares(state)
+    return sorted(state.waiting.values(), key=lambda w: order_key(state, w, by_pool))
+
+
+def tenant_refusal(state: State, pool: Pool, claims: list[ResolvedClaim]) -> str | None:
+    """Why one more instance of ``pool`` would take its tenant past what it may use."""
+    tenant = owner(state, pool.name) if state.tenants else None
+    if tenant is None:
+        return None
+    return quota_refusal(state, tenant, demand_of(pool.flavor, claims))
 
 
 # -------------------------------------------------------------------------- pump
@@ -265,7 +291,9 @@ def pump(step: Step) -> None:
     queue = state.queue
     blocked: list[_Blocked] = []
     done: set[Lane] = set()
+    room = fleet_room(state) if state.tenants else []
     while state.waiting:
+        by_pool = shares(state, room) if state.tenants else {}
         best: tuple[tuple[int, float, int], Lane, Waiting] | None = None
         for lane in list(queue.lanes):
             if lane in done:
@@ -273,7 +301,7 @@ def pump(step: Step) -> None:
             head = queue.head(lane, state.waiting)
             if head is None:
                 continue
-            key = order_key(state, head)
+            key = order_key(state, head, by_pool)
             if best is None or key < best[0]:
                 best = (key, lane, head)
         if best is None:
@@ -367,9 +395,14 @@ def _retry(step: Step, entry: Waiting, blocked: list[_Blocked]) -> bool:
         except ClaimError as exc:
             _finish(step, entry, "rejected", reason="invalid-claim", detail=str(exc))
             return True
+    refusal = tenant_refusal(state, pool, claims)
+    if refusal is not None:
+        return _keep_waiting(step, entry, "tenant-quota", blocked)
     result = choose_host(state, pool, pool.flavor, claims, selected=entry.host)
     if isinstance(result, PlacementResult):
         assert result.reason is not None
+        if result.reason == "insufficient-capacity" and state.tenants:
+            entry = reclaim(step, entry, pool, claims)
         return _keep_waiting(step, entry, result.reason, blocked)
     host, gpus = result
     users = [b for b in blocked if b.pool.priority >= pool.priority and b.could_use(state, host)]
@@ -386,6 +419,45 @@ def _retry(step: Step, entry: Waiting, blocked: list[_Blocked]) -> bool:
     if lease.kind is WARM:
         step.exec_create(lease, pool, host)
     return True
+
+
+def reclaim(step: Step, entry: Waiting, pool: Pool, claims: list[ResolvedClaim]) -> Waiting:
+    """A request of a tenant under its nominal quota that waits for room: drain idle
+    warm VMs of borrowers in its cohort (ready and unclaimed only: a running job is
+    never preempted), the fewest that make it fit (:mod:`reconciler.core.preemption`),
+    once at a time (not while the VMs drained for it last are still there)."""
+    state = step.state
+    if any(
+        (lease := state.leases.get(lease_id)) is not None and lease.state is not RELEASED
+        for lease_id in entry.reclaim
+    ):
+        return entry
+    tenant = owner(state, pool.name)
+    if tenant is None or not under_nominal(state, tenant, demand_of(pool.flavor, claims)):
+        return entry
+    borrowers = borrower_pools(state, tenant)
+    if not borrowers:
+        return entry
+    leases = state.leases
+    hosts = {leases[i].host for p in borrowers for i in state.pool_ready.get(p, ())}
+    if entry.host is not None:
+        hosts &= {entry.host}
+    field = capacity_bound(state, pool, pool.flavor, claims, hosts)
+    found = choose_victims(
+        state, pool, pool.flavor, claims, field, eligible=lambda le: le.pool in borrowers
+    )
+    if found is None:
+        return entry
+    for victim in found.victims:
+        step.drain(victim, "reclaimed")
+    step.note(
+        f"{entry.request_id} reclaims {len(found.victims)} idle warm VM(s) of borrowers "
+        f"on {found.fit.host.name}"
+    )
+    new = dataclasses.replace(entry, reclaim=tuple(v.lease_id for v in found.victims))
+    state.waiting[entry.request_id] = new
+    step.fx.waiting.add(entry.request_id)
+    return new
 
 
 def overtakes(step: Step, pool: Pool, host: Host, *, warm: bool) -> int:
