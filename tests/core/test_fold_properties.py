@@ -66,6 +66,7 @@ from reconciler.core.inputs import (
     AuthorizeWarmDrain,
     ClaimWarm,
     Command,
+    Failure,
     HostInventory,
     HostSnapshot,
     Lifecycle,
@@ -812,6 +813,18 @@ class Run:
                 and d["phase"] == "final"
                 and d["verb"] == "admit-preemptible"
             ):
+                if d["outcome"] == "rejected":
+                    # a victim's VM could not be deleted (a failure input): the preemption
+                    # ends, its lease released with the victim's fault, no gate opened
+                    assert d["reason"] == "preemption-failed", d
+                    item = msg.input
+                    assert isinstance(item, Failure), f"{rid} failed without a failure input"
+                    assert item.lease_id in gate.victims, f"{rid} failed for a non-victim"
+                    failed = self.state.leases[LeaseId(gate.lease_id)]
+                    assert failed.state is LeaseState.RELEASED and failed.fault, failed
+                    gate.opened = True
+                    self.seen["preemption-failed"] += 1
+                    continue
                 assert d["outcome"] == "admitted", d
                 assert d["lease"]["lease_id"] == gate.lease_id
                 for v in gate.victims:
