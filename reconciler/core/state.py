@@ -172,6 +172,10 @@ class Effects:
     waiting: set[RequestId] = field(default_factory=set)
     #: tenants whose config changed (their rows)
     tenants: set[str] = field(default_factory=set)
+    #: how waits ended (metrics): ``(how, pool, waited ms)``, how being ``admitted``,
+    #: ``timed-out``, ``cancelled`` or ``refused``; and admissions that did not wait
+    waits_ended: list[tuple[str, PoolName, int]] = field(default_factory=list)
+    admitted_at_once: int = 0
     #: input kinds recorded but ignored (stale revisions, no-op events), for logs
     notes: list[tuple[int, str]] = field(default_factory=list)
 
@@ -191,6 +195,8 @@ class Effects:
         self.failed_pools |= other.failed_pools
         self.waiting |= other.waiting
         self.tenants |= other.tenants
+        self.waits_ended.extend(other.waits_ended)
+        self.admitted_at_once += other.admitted_at_once
         self.notes.extend(other.notes)
 
 

@@ -14,7 +14,8 @@ leader's work.
   :mod:`.snapshot_bucket` (the state published as snapshots, and a new replica started
   from one).
 - :mod:`.query_responder`: ``<prefix>.query.*`` answered from the synced state.
-- :mod:`.metrics`: Prometheus and health endpoints.
+- :mod:`.metrics`: Prometheus and health endpoints; :mod:`.queue_stats`: the admission
+  queue's counters they show.
 
 Layer rules: imports :mod:`reconciler.work`, :mod:`reconciler.observe`, the adapters
 (store, bus, incus) and the core below them; never another program's package (bridge,

@@ -54,6 +54,7 @@ from reconciler.replica.leader import LeaderElection, Leadership
 from reconciler.replica.outbox_publisher import OutboxPublisher
 from reconciler.replica.pipeline import Pipeline
 from reconciler.replica.query_responder import QueryResponder
+from reconciler.replica.queue_stats import QueueStats
 from reconciler.replica.queue_timer import QueueTimer
 from reconciler.replica.reservation_reaper import (
     DEFAULT_JOURNAL_RETENTION_S,
@@ -175,6 +176,8 @@ class Replica:
         self.collector: StateCollector | None = None
         self.election: LeaderElection | None = None
         self.queries: QueryResponder | None = None
+        #: the admission queue's counters (every replica folds, so every replica counts)
+        self.queue_metrics = QueueStats()
         self.metrics: MetricsServer | None = None  # aiohttp, loaded only when asked for
         self._head = 0
         self._stream_identity = ""
@@ -278,6 +281,7 @@ class Replica:
         self.collector = collector
         if collector is not None:
             pipeline.add_listener(collector.notify)
+        pipeline.add_listener(self.queue_metrics.notify)
         self.election = LeaderElection(
             js, bucket=self.names.leader_bucket, holder=cfg.replica, ttl_s=cfg.leader_ttl_s
         )
@@ -561,4 +565,6 @@ class Replica:
             "status": self._status_published + (reporter.published if reporter else 0),
             "queries": self.queries.answered if self.queries else 0,
             "restarts": pipeline.consumer.restarts if pipeline else 0,
+            "queue": self.queue_metrics,
+            "state": pipeline.state if pipeline else None,
         }

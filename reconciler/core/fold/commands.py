@@ -150,6 +150,7 @@ def on_admit(step: Step, cmd: ev.Admit) -> None:
             return
         lease = reserve(step, cmd, verb, pool, host, gpus)
         step.decide(cmd.request_id, verb, "admitted", lease=lease)
+        step.fx.admitted_at_once += 1
         if lease.kind is WARM:
             step.exec_create(lease, pool, host)
         return

@@ -166,12 +166,25 @@ def _finish(
     reason: str | None = None,
     detail: str | None = None,
 ) -> None:
+    _dequeue(step, entry, _ENDED.get(reason or "", "refused"))
+    step.decide(entry.request_id, entry.verb, outcome, reason=reason, detail=detail)
+
+
+#: how a wait ended, by the reason of its final decision (admitted: none)
+_ENDED = {"queue-timeout": "timed-out", "cancelled": "cancelled"}
+
+
+def _dequeue(step: Step, entry: Waiting, how: str) -> None:
+    """Take a request off the queue, noting how its wait ended (metrics)."""
     state = step.state
     del state.waiting[entry.request_id]
     state.queue.remove(entry)
-    step.fx.waiting.add(entry.request_id)
-    step.fx.pools.add(entry.pool)
-    step.decide(entry.request_id, entry.verb, outcome, reason=reason, detail=detail)
+    fx = step.fx
+    fx.waiting.add(entry.request_id)
+    fx.pools.add(entry.pool)
+    now_ms = epoch_ms(step.ts)
+    waited = max(0, now_ms - _queued_ms(entry)) if now_ms is not None else 0
+    fx.waits_ended.append((how, entry.pool, waited))
 
 
 def expire_due(step: Step) -> None:
@@ -411,11 +424,12 @@ def _retry(step: Step, entry: Waiting, blocked: list[_Blocked]) -> bool:
     for b in users:
         b.entry = _replace(step, state.waiting[b.entry.request_id], passed=b.entry.passed + 1)
     cmd = entry.command()
-    del state.waiting[entry.request_id]
-    state.queue.remove(entry)
-    step.fx.waiting.add(entry.request_id)
+    _dequeue(step, entry, "admitted")
     lease = reserve(step, cmd, verb, pool, host, gpus, lease_id=LeaseId(f"L{entry.seq}"))
-    step.decide(entry.request_id, verb, "admitted", lease=lease)
+    now_ms = epoch_ms(step.ts)
+    waited = "" if now_ms is None else f"{(now_ms - _queued_ms(entry)) / 1000:.3f} s "
+    detail = f"waited {waited}in the queue ({entry.reason}) since input {entry.seq}"
+    step.decide(entry.request_id, verb, "admitted", lease=lease, detail=detail)
     if lease.kind is WARM:
         step.exec_create(lease, pool, host)
     return True
