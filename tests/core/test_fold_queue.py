@@ -15,11 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler.core.fold import fold
-from reconciler.core.fold.admission import pool_at_max
-from reconciler.core.fold.queue import ordered, starving_hold
-from reconciler.core.fold.step import Step
+from reconciler.core.fold.queue import idle_fit, ordered
 from reconciler.core.model import PoolName, RequestId
-from reconciler.core.placement import PlacementResult, choose_host, merge_claims
 from reconciler.core.state import Effects, State
 from reconciler.core.waiting import BACKFILL_LIMIT, epoch_ms, iso_ms
 from reconciler.store.digest import state_digest
@@ -221,6 +218,11 @@ def _stream(script: list[Op]) -> list[tuple[str, dict[str, Any]]]:
         pool("s", cpu=1, max_instances=5),
         pool("m", cpu=2),
         pool("l", cpu=3, priority=5),
+        (
+            "config.tenant",
+            {"v": 1, "tenant": "t1", "pools": ["s"], "quota": {"cpu": 3}, "cohort": "c"},
+        ),
+        ("config.tenant", {"v": 1, "tenant": "t3", "pools": ["m"], "weight": 3, "cohort": "c"}),
     ]
     revision = 1
     for n, op in enumerate(script):
@@ -237,16 +239,7 @@ def _stream(script: list[Op]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _fits_now(state: State, request_id: RequestId) -> bool:
-    entry = state.waiting[request_id]
-    p = state.pools[entry.pool]
-    step = Step(state, state.applied_seq + 1, "2026-12-02T10:00:00Z", Effects())
-    if pool_at_max(step, p, entry.kind) is not None:
-        return False
-    assert not merge_claims(p, entry.claims)
-    found = choose_host(state, p, p.flavor, [], selected=entry.host)
-    if isinstance(found, PlacementResult):
-        return False
-    return not starving_hold(step, p, found[0])
+    return idle_fit(state, state.waiting[request_id]) is not None
 
 
 @settings(max_examples=150, deadline=None)
