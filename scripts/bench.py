@@ -1635,6 +1635,11 @@ async def queue_phase(ctx: Context) -> dict[str, Any]:
         await sub.unsubscribe()
         held = proc.memory_mib()
     samples = sorted((arrivals[r] - sent[r]) * 1000 for r in sent)
+    # where the slow ones were: the p99 of each second of the run, by second
+    by_second: dict[int, list[float]] = {}
+    for r, at in sent.items():
+        by_second.setdefault(int(at - start), []).append((arrivals[r] - at) * 1000)
+    p99_by_second = [round(percentile(sorted(v), 0.99), 1) for _, v in sorted(by_second.items())]
     return {
         "queue_latency_ms": {
             "p50": round(percentile(samples, 0.50), 2),
@@ -1650,6 +1655,7 @@ async def queue_phase(ctx: Context) -> dict[str, Any]:
             "send_lag_ms_max": round(lag * 1000, 2),
             "peak_rss_mib": held["VmHWM"],
             "rss_mib_while_waiting": waiting_rss["VmRSS"],
+            "p99_ms_by_second": p99_by_second,
             "measures": "release published to the waiting request's final (admitted) "
             "decision received",
         },

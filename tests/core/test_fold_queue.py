@@ -313,3 +313,36 @@ def test_backfill_is_bounded() -> None:
     assert f.state.waiting[RequestId("big")].passed == BACKFILL_LIMIT
     fx = f.send(cmd("release", "rx", instance="x-0"))
     assert of(fx, "big")[0]["outcome"] == "admitted"
+
+
+def test_a_waiting_request_whose_pool_is_deleted_is_refused_for_good() -> None:
+    f = fleet()
+    f.send(admit("a1", "p", "vm-1"), admit("a2", "p", "vm-2"))
+    f.send(admit("a3", "p", "vm-3", wait_s=60))
+    fx = f.send(
+        (
+            "cmd.apply-config",
+            {"v": 1, "request_id": "del", "delete": [{"kind": "pool", "name": "p"}]},
+        )
+    )
+    (ended,) = of(fx, "a3")
+    assert (ended["outcome"], ended["reason"]) == ("rejected", "unknown-pool")
+    assert not f.state.waiting
+
+
+def test_a_waiting_requests_job_bound_meanwhile_ends_it() -> None:
+    f = fleet()
+    f.send(admit("a1", "p", "vm-1"), admit("a2", "p", "vm-2"))
+    f.send(admit("a3", "p", "vm-3", wait_s=60, job="job-7"))
+    f.send(snapshot("h1", revision=2, cpu=6))  # room: a3 is admitted and binds job-7
+    f.send(admit("a4", "p", "vm-4", wait_s=60, job="job-7"))
+    (refused,) = of(f.send(admit("a5", "p", "vm-5", job="job-7")), "a5")
+    assert refused["reason"] == "already-claimed"
+
+
+def test_the_reason_a_request_waits_for_follows_what_blocks_it() -> None:
+    f = fleet(cpu=16, max_instances=2)
+    f.send(admit("a1", "p", "vm-1"), admit("a2", "p", "vm-2"))
+    assert of(f.send(admit("q", "p", "vm-3", wait_s=60)), "q")[0]["reason"] == "pool-at-max"
+    f.send(snapshot("h1", revision=2, cpu=4), pool("p", max_instances=10))
+    assert f.state.waiting[RequestId("q")].reason == "insufficient-capacity"
