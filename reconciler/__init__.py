@@ -11,7 +11,8 @@ contracts in ``pyproject.toml`` keep it so; docs/development.md has the map):
   decision, queries, configuration), :mod:`.work` (keyed work queues), :mod:`.observe`
   (``/metrics``, ``/healthz``, ``/readyz``).
 - The programs: :mod:`.replica` (``reconciler run``), :mod:`.bridge`, :mod:`.executor`,
-  :mod:`.garm` (GARM's provider), and above the replica :mod:`.replay`.
+  :mod:`.garm` (GARM's provider), :mod:`.web` (a read-only page of the fleet), and above
+  the replica :mod:`.replay`.
 - Above them: :mod:`.demo` (everything together on one machine) and :mod:`.deploy` (a
   secured deployment's credentials and accounts); at the top :mod:`.cli`.
 

@@ -42,7 +42,10 @@ def alert_rules() -> list[dict[str, Any]]:
 
 def dashboard_exprs() -> list[str]:
     doc = json.loads(DASHBOARD.read_text())
-    return [t["expr"] for panel in doc["panels"] for t in panel["targets"]]
+    # a row is a heading: it holds no query (its panels follow it, not collapsed)
+    panels = [panel for panel in doc["panels"] if panel["type"] != "row"]
+    assert all(panel["targets"] for panel in panels)
+    return [t["expr"] for panel in panels for t in panel["targets"]]
 
 
 def balanced(expr: str) -> bool:
@@ -78,6 +81,21 @@ def test_the_dashboard_parses() -> None:
     assert len({p["id"] for p in doc["panels"]}) == len(doc["panels"])
     for expr in dashboard_exprs():
         assert balanced(expr), expr
+
+
+def test_the_dashboard_shows_the_fleet_first_and_the_machinery_below() -> None:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    rows = [(p["title"], p["gridPos"]["y"]) for p in panels if p["type"] == "row"]
+    assert [title for title, _ in rows] == ["Fleet", "Machinery"]
+    below = rows[1][1]
+    fleet = [p for p in panels if p["type"] != "row" and p["gridPos"]["y"] < below]
+    named = {m for p in fleet for t in p["targets"] for m in METRIC.findall(t["expr"])}
+    for metric in ("rc_fleet_capacity", "rc_host_booked", "rc_pool_leases",
+                   "rc_warm_claims_total", "rc_decision_latency_seconds_bucket",
+                   "rc_warm_boot_seconds_bucket", "rc_decision_outcomes_total"):  # fmt: skip
+        assert metric in named, metric
+    machinery = {"rc_leader", "rc_applied_seq", "rc_commit_seconds_total", "rc_dead_letters_total"}
+    assert not named & machinery
 
 
 @pytest.mark.parametrize("path", [ALERTS, DASHBOARD])

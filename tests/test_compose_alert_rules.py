@@ -142,8 +142,9 @@ async def _scrape(port: int) -> str:
 
 
 def exported(text: str) -> tuple[set[str], set[str]]:
-    """The names a ``/metrics`` page exports (samples, and counters as ``_total`` even
-    before their first sample), and the names of its counters."""
+    """The names a ``/metrics`` page exports (samples, and counters as ``_total`` and
+    histograms as ``_bucket``, ``_sum`` and ``_count`` even before their first sample),
+    and the names of its counters."""
     names: set[str] = set()
     counters: set[str] = set()
     for family in text_string_to_metric_families(text):
@@ -151,6 +152,8 @@ def exported(text: str) -> tuple[set[str], set[str]]:
         if family.type == "counter":
             counters.add(family.name)
             names.add(f"{family.name}_total")
+        elif family.type == "histogram":  # before its first observation, too
+            names.update(f"{family.name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
         else:
             names.add(family.name)
     return names, counters
@@ -172,6 +175,7 @@ async def test_every_metric_a_rule_or_a_panel_names_is_exported(
                 replica="names",
                 store_writer="thread",
                 metrics_addr="127.0.0.1:0",
+                metrics_per_host=True,  # the dashboard's bars per host need them
             )
         )
         executor = Executor(

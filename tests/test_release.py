@@ -72,6 +72,9 @@ def test_the_release_is_a_wheel_and_an_sdist_with_one_version(release: rel.Relea
         == SCHEMAS
     )
     assert "reconciler/schemas/README.md" in names and "reconciler/py.typed" in names
+    web = ROOT / "reconciler" / "web"
+    for asset in [*web.glob("templates/*.html"), *web.glob("static/*")]:  # reconciler web's
+        assert asset.relative_to(ROOT).as_posix() in names, asset
     assert not [n for n in names if ".data/" in n], "no data-files outside the package"
     with tarfile.open(release.sdist) as sdist:
         members = {m.name.split("/", 1)[1] for m in sdist.getmembers() if "/" in m.name}

@@ -91,6 +91,8 @@ def test_every_message_of_the_contract_has_a_schema() -> None:
         "config",
         "config-check",
         "queue",
+        "fleet",
+        "decisions",
     ]
     expected = {
         "defs.json",

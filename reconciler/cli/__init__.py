@@ -5,6 +5,7 @@
   command.
 - :mod:`.options`: every option more than one command takes (each also an ``RC_…``
   environment variable), with defaults read from the programs' configurations.
+- :mod:`.progress`: a progress line for long one-shot work, on a terminal only.
 - :mod:`.oneshot`: what the commands that talk to NATS once share (a bounded connection,
   clear errors, inputs checked before they are sent); :mod:`.logs`: logging;
   :mod:`.signals`: running a daemon until SIGTERM or SIGINT.

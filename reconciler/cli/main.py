@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim-incus": ("reconciler.cli.commands.sim_incus", "sim_incus"),
     "status": ("reconciler.cli.commands.status", "status"),
     "uncordon": ("reconciler.cli.commands.uncordon", "uncordon_cmd"),
+    "web": ("reconciler.cli.commands.web", "web"),
 }
 
 

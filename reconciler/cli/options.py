@@ -265,6 +265,13 @@ def run_options(f: F) -> F:
                 help="HOST:PORT for Prometheus /metrics, /healthz and /readyz (off when unset).",
             ),
             _option(
+                "metrics-per-host",
+                is_flag=True,
+                default=False,
+                help="Also export one series per host (rc_host_capacity, rc_host_booked, "
+                "rc_host_schedulable): 9 series a host. The fleet's totals are always there.",
+            ),
+            _option(
                 "gc-threshold",
                 type=click.IntRange(min=0),
                 default=DEFAULT_GC_THRESHOLD,

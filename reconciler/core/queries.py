@@ -2,15 +2,26 @@
 
 Each function returns the ``result`` of a reply or raises :class:`QueryError` with one
 of the contract's codes. The journal history of the ``lease`` query lives in the store,
-so the adapter adds it to :func:`lease`'s answer; ``config-check`` needs its items
+so the adapter adds it to :func:`lease`'s answer (and, when asked, the decisions that name
+the lease, as :func:`decision_summary` shows them); ``config-check`` needs its items
 decoded against their schemas first, so the adapter decodes them and asks
 :func:`config_check`.
+
+``fleet`` and ``decisions`` are what ``reconciler web`` shows: a page of hosts with the
+fleet's totals and every pool, and the most recent decisions. Both answer in time and
+bytes bounded by their ``limit``, whatever the size of the fleet's history: hosts are
+paged in name order, and the newest final decisions are found through the retention
+index (:class:`~reconciler.core.expiry.ExpiryIndex`, by second), not by a scan.
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import orjson
 
 from reconciler.core import inputs as ev
 from reconciler.core.configs import CONFIG_KINDS, diff_payloads
@@ -20,15 +31,23 @@ from reconciler.core.model import (
     ClaimSpec,
     ClassName,
     GpuRequest,
+    HostName,
     JobId,
     Lease,
     LeaseId,
     Pool,
     PoolName,
 )
-from reconciler.core.placement import ClaimError, merge_claims, resolve_claims, unsuitable_hosts
+from reconciler.core.placement import (
+    ClaimError,
+    booking,
+    merge_claims,
+    resolve_claims,
+    unsuitable_hosts,
+)
 from reconciler.core.runtime import effective_runtime, is_stale
-from reconciler.core.state import State
+from reconciler.core.state import DecisionRecord, State
+from reconciler.core.status import host_status, pool_status
 from reconciler.core.waiting import iso_ms
 
 
@@ -246,6 +265,132 @@ def _shown(value: Any) -> Any:
     return value if isinstance(value, str | int | float | bool | list | dict) else None
 
 
+def _limit(request: Mapping[str, Any], *, default: int, most: int) -> int:
+    value = request.get("limit", default)
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+        raise QueryError("invalid", f"'limit' must be an integer from 1 to {most}")
+    return value
+
+
+#: hosts in one ``fleet`` answer: by default, and at most (each row is under 1 KiB, so
+#: the reply stays well inside a NATS message)
+FLEET_HOSTS = 100
+FLEET_HOSTS_MAX = 500
+
+
+def fleet(state: State, request: Mapping[str, Any]) -> dict[str, Any]:
+    """A page of hosts (their status payloads, in name order, after the host ``after``),
+    every pool's status, and the fleet's totals over every host."""
+    limit = _limit(request, default=FLEET_HOSTS, most=FLEET_HOSTS_MAX)
+    after = request.get("after")
+    if after is not None and (not isinstance(after, str) or len(after) > 256):
+        raise QueryError("invalid", "'after' must be a host name")
+    order = state.host_order
+    start = bisect.bisect_right(order, after) if after else 0
+    names = order[start : start + limit]
+    seq = state.applied_seq
+    hosts = []
+    for name in names:
+        row = host_status(state, name, as_of_seq=seq)
+        if row is not None:
+            hosts.append({**row, "gpus_total": len(state.hosts[name].gpus)})
+    pools = [pool_status(state, PoolName(p), as_of_seq=seq) for p in sorted(state.pools)]
+    return {
+        "applied_seq": seq,
+        "hosts": hosts,
+        "hosts_total": len(order),
+        "next_after": names[-1] if start + limit < len(order) else None,
+        "pools": [p for p in pools if p is not None],
+        "totals": fleet_totals(state),
+    }
+
+
+def fleet_totals(state: State) -> dict[str, Any]:
+    """Allocatable and booked capacity summed over every host, GPUs too, and the hosts
+    by whether they take new work: ``schedulable``, ``unschedulable`` (their snapshot
+    says so), ``cordoned`` or ``draining`` (an operator said so)."""
+    cpu = mem = disk = b_cpu = b_mem = b_disk = gpus = gpus_booked = 0
+    by_sched = {"schedulable": 0, "unschedulable": 0, "cordoned": 0, "draining": 0}
+    for name in state.host_order:
+        host = state.hosts[HostName(name)]
+        alloc, book = host.allocatable, booking(state, host)
+        cpu, mem, disk = cpu + alloc.cpu, mem + alloc.memory_mib, disk + alloc.disk_gib
+        b_cpu += book.booked.cpu
+        b_mem += book.booked.memory_mib
+        b_disk += book.booked.disk_gib
+        gpus += len(host.gpus)
+        gpus_booked += len(book.used_gpus)
+        if host.cordon is not None:
+            by_sched[host.cordon if host.cordon in by_sched else "cordoned"] += 1
+        else:
+            by_sched["schedulable" if host.schedulable else "unschedulable"] += 1
+    return {
+        "allocatable": {"cpu": cpu, "memory_mib": mem, "disk_gib": disk, "gpus": gpus},
+        "booked": {"cpu": b_cpu, "memory_mib": b_mem, "disk_gib": b_disk, "gpus": gpus_booked},
+        "hosts": by_sched,
+    }
+
+
+#: decisions in one ``decisions`` answer: by default, and at most (a summary's texts are
+#: bounded, so 200 stay well inside a NATS message)
+DECISIONS = 50
+DECISIONS_MAX = 200
+_SUMMARY_KEYS = ("request_id", "verb", "phase", "outcome", "reason", "detail")
+_SUMMARY_LEASE_KEYS = ("lease_id", "instance", "host", "pool", "kind", "state", "job")
+_DETAIL_CHARS = 1024
+
+
+def decision_summary(payload: bytes) -> dict[str, Any]:
+    """What a page shows of a decision: its request, verb, phase, outcome, reason and
+    detail, its input and time, and the lease it names (id, instance, host, pool, kind,
+    state, job); not its victims' or config items' lists, which may be long."""
+    body = orjson.loads(payload)
+    out: dict[str, Any] = {k: body[k] for k in _SUMMARY_KEYS if body.get(k) is not None}
+    if isinstance(out.get("detail"), str) and len(out["detail"]) > _DETAIL_CHARS:
+        out["detail"] = out["detail"][:_DETAIL_CHARS] + "…"
+    out["input_seq"] = body.get("input_seq")
+    out["decided_at"] = body.get("decided_at")
+    lease_body = body.get("lease")
+    if isinstance(lease_body, dict):
+        out["lease"] = {
+            k: lease_body[k] for k in _SUMMARY_LEASE_KEYS if lease_body.get(k) is not None
+        }
+    return out
+
+
+def decisions(state: State, request: Mapping[str, Any]) -> dict[str, Any]:
+    """The most recent decisions, newest first (by the input that decided them): the
+    final decisions the state keeps, and the pending ones of admissions still waiting
+    at a launch gate; at most ``limit`` (:func:`decision_summary` of each)."""
+    limit = _limit(request, default=DECISIONS, most=DECISIONS_MAX)
+    picked: dict[str, DecisionRecord] = {}
+    for lease_ids in state.gated_on_host.values():
+        for lease_id in lease_ids:
+            request_id = state.leases[lease_id].request_id
+            record = state.decisions.get(request_id) if request_id is not None else None
+            if record is not None:
+                picked[record.request_id] = record
+    buckets = state.expiry.decisions
+    wanted = limit
+    while True:  # the newest seconds first, as many as it takes to find ``limit``
+        seconds = heapq.nlargest(wanted, buckets)
+        finals: dict[str, DecisionRecord] = {}
+        for second in seconds:
+            for request_id in buckets[second]:
+                record = state.decisions.get(request_id)
+                if record is not None and record.phase == "final" and record.final_at == second:
+                    finals[request_id] = record
+            if len(finals) >= limit:
+                break
+        if len(finals) >= limit or len(seconds) == len(buckets):
+            break
+        wanted *= 4
+    picked.update(finals)
+    summaries = [decision_summary(r.payload) for r in picked.values()]
+    summaries.sort(key=lambda d: (d["input_seq"] or 0, d["request_id"]), reverse=True)
+    return {"decisions": summaries[:limit], "applied_seq": state.applied_seq}
+
+
 #: query name -> function; ``health`` needs runtime facts and is answered by the adapter
 QUERIES: dict[str, Callable[[State, Mapping[str, Any]], Any]] = {
     "resolve": resolve,
@@ -255,6 +400,8 @@ QUERIES: dict[str, Callable[[State, Mapping[str, Any]], Any]] = {
     "unsuitable-hosts": unsuitable,
     "pool": pool_leases,
     "config": config,
+    "fleet": fleet,
+    "decisions": decisions,
     "queue": queue,
 }
 #: the queries a replica answers itself: ``health`` (runtime facts) and ``config-check``

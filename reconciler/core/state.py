@@ -178,6 +178,12 @@ class Effects:
     admitted_at_once: int = 0
     #: input kinds recorded but ignored (stale revisions, no-op events), for logs
     notes: list[tuple[int, str]] = field(default_factory=list)
+    #: every decision written: (verb, outcome, reason or ``None``), for the metrics;
+    #: not part of what the store writes or a replay compares
+    verdicts: list[tuple[str, str, str | None]] = field(default_factory=list)
+    #: every claim-warm decided on a known pool for a new job: (pool, ``claimed`` or
+    #: ``no-warm``), the warm hit ratio's counts (the store sums them per pool)
+    warm_claims: list[tuple[PoolName, str]] = field(default_factory=list)
 
     def extend(self, other: Effects) -> None:
         self.outputs.extend(other.outputs)
@@ -198,6 +204,8 @@ class Effects:
         self.waits_ended.extend(other.waits_ended)
         self.admitted_at_once += other.admitted_at_once
         self.notes.extend(other.notes)
+        self.verdicts.extend(other.verdicts)
+        self.warm_claims.extend(other.warm_claims)
 
 
 @dataclass(slots=True)

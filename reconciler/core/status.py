@@ -38,6 +38,7 @@ __all__ = [
     "queue_status",
     "tenant_status",
     "warm_deficit",
+    "with_warm_claims",
 ]
 
 
@@ -85,6 +86,16 @@ def pool_status(state: State, name: PoolName, *, as_of_seq: int) -> dict[str, An
         "max_instances": pool.max_instances,
         "as_of_seq": as_of_seq,
     }
+
+
+def with_warm_claims(row: dict[str, Any], claims: tuple[int, int]) -> dict[str, Any]:
+    """A pool's status with its warm claims ``(claimed, no_warm)``: ``claimed`` (a ready
+    warm VM was bound), ``no_warm`` (none was: the job went cold), and ``hit_ratio``
+    (``None`` before any). The counts are the store's, not the state's."""
+    claimed, missed = claims
+    total = claimed + missed
+    ratio = round(claimed / total, 4) if total else None
+    return {**row, "warm_claims": {"claimed": claimed, "no_warm": missed, "hit_ratio": ratio}}
 
 
 def warm_deficit(state: State, name: PoolName) -> int:

@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import anyio
 import anyio.lowlevel
@@ -80,7 +80,14 @@ from reconciler.store.digest import state_digest
 from reconciler.store.snapshot_format import DecodedSnapshot, SnapshotError, restore_batch
 from reconciler.store.sqlite import Store
 
-__all__ = ["Divergence", "ReplayError", "ReplayReport", "replay", "replay_into"]
+__all__ = [
+    "Divergence",
+    "FoldProgress",
+    "ReplayError",
+    "ReplayReport",
+    "replay",
+    "replay_into",
+]
 
 logger = structlog.get_logger(__name__)
 
@@ -89,6 +96,15 @@ Kind = Literal["mismatch", "unexpected", "missing"]
 
 class ReplayError(RuntimeError):
     """The stream cannot be replayed (the message says why)."""
+
+
+class FoldProgress(Protocol):
+    """Told how far the fold is (inputs folded of those to fold), and when it is done
+    (``reconciler replay`` draws it on a terminal: :mod:`reconciler.cli.progress`)."""
+
+    def update(self, count: int, total: int | None = None) -> None: ...
+
+    def done(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +149,7 @@ async def replay(
     batch: int = 1000,
     decision_retention_s: int | None = DEFAULT_DECISION_RETENTION_S,
     from_snapshot: bool = False,
+    progress: FoldProgress | None = None,
 ) -> ReplayReport:
     """Connect, replay, compare; see the module's rules."""
     nc = await connect(opts)
@@ -145,6 +162,7 @@ async def replay(
             decision_retention_s=decision_retention_s,
             from_snapshot=from_snapshot,
             connect_opts=opts,
+            progress=progress,
         )
     finally:
         with anyio.CancelScope(shield=True):
@@ -160,6 +178,7 @@ async def replay_into(
     decision_retention_s: int | None = DEFAULT_DECISION_RETENTION_S,
     from_snapshot: bool = False,
     connect_opts: ConnectOptions | None = None,
+    progress: FoldProgress | None = None,
 ) -> ReplayReport:
     """Replay over an open connection, folding with the replicas' ``--decision-retention``
     (the state, and so the digest, depends on it). With ``connect_opts`` (how ``nc`` was
@@ -239,6 +258,7 @@ async def replay_into(
                             snapshot=snapshot,
                             inputs_from=inputs_from,
                             after_batch=collector.notify,
+                            progress=progress,
                         )
                     except FoldFailed as failure:
                         # a bug in the fold: the live line reloaded its state from the store
@@ -259,8 +279,11 @@ async def replay_into(
                         produced=produced,
                         retention=decision_retention_s,
                         snapshot=snapshot,
+                        progress=progress,
                     )
                 state, inputs, dead = folded
+                if progress is not None:
+                    progress.done()
                 seconds["fold"] = time.perf_counter() - clock
                 clock = time.perf_counter()
                 if before is not None:
@@ -418,6 +441,7 @@ async def _fold_in_memory(
     snapshot: DecodedSnapshot | None = None,
     inputs_from: int | None = None,
     after_batch: Callable[[], None] = lambda: None,
+    progress: FoldProgress | None = None,
 ) -> tuple[State, int, int]:
     """The pipeline's fold (:func:`~reconciler.replica.pipeline.fold_deliveries`:
     decoding, dead letters, the fold), without the store nobody reads afterwards.
@@ -428,6 +452,7 @@ async def _fold_in_memory(
     decoder = Decoder()
     prefix = names.prefix
     inputs = dead = 0
+    start = state.applied_seq
     try:
         if state.applied_seq >= last:
             return state, 0, 0
@@ -448,6 +473,8 @@ async def _fold_in_memory(
                     if out.msg_id is not None and out.msg_id not in produced:
                         produced[out.msg_id] = (out.subject, out.payload)
                 after_batch()
+                if progress is not None:
+                    progress.update(state.applied_seq - start, last - start)
                 # the loop takes in what the readers got meanwhile (the child's frames)
                 await anyio.lowlevel.checkpoint()
     finally:
@@ -466,6 +493,7 @@ async def _fold_stream(
     produced: dict[str, tuple[str, bytes]],
     retention: int | None = DEFAULT_DECISION_RETENTION_S,
     snapshot: DecodedSnapshot | None = None,
+    progress: FoldProgress | None = None,
 ) -> tuple[State, int, int]:
     consumer = InputConsumer(
         nc, js, stream=names.in_stream, durable=f"replay-{secrets.token_hex(6)}", batch=batch
@@ -490,6 +518,8 @@ async def _fold_stream(
             for out in commit.fx.outputs:
                 if out.msg_id is not None and out.msg_id not in produced:
                     produced[out.msg_id] = (out.subject, out.payload)
+            if progress is not None:
+                progress.update(commit.applied_seq - start.applied_seq, last - start.applied_seq)
             if commit.applied_seq >= last:
                 pipeline.stop()
 

@@ -14,8 +14,9 @@ leader's work.
   :mod:`.snapshot_bucket` (the state published as snapshots, and a new replica started
   from one).
 - :mod:`.query_responder`: ``<prefix>.query.*`` answered from the synced state.
-- :mod:`.metrics`: Prometheus and health endpoints; :mod:`.queue_stats`: the admission
-  queue's counters they show.
+- :mod:`.metrics`: Prometheus and health endpoints; :mod:`.fleet_metrics`: the fleet
+  as metrics (capacity, pools, decisions, warm claims, waits); :mod:`.queue_stats`: the
+  admission queue's counters.
 
 Layer rules: imports :mod:`reconciler.work`, :mod:`reconciler.observe`, the adapters
 (store, bus, incus) and the core below them; never another program's package (bridge,

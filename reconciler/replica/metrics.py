@@ -6,6 +6,8 @@ Rules:
   :class:`RuntimeCollector` reads them when ``/metrics`` is scraped, on the server every
   program shares (:mod:`reconciler.observe.endpoints`). With ``--store-writer process``
   the writer child's memory is not in the process's series.
+- The fleet's series (capacity, pools, decisions, waits) are described in
+  :mod:`reconciler.replica.fleet_metrics`; one series per host only with ``per_host``.
 - ``/healthz`` answers 200 while the event loop runs; ``/readyz`` answers 200 once the
   pipeline is synced and 503 before, with the health document (the ``health`` query's
   result) as JSON in both cases.
@@ -29,6 +31,7 @@ from reconciler.observe.endpoints import (
     labelled_counter,
     labelled_gauge,
 )
+from reconciler.replica.fleet_metrics import FleetWatch, fleet_families
 from reconciler.replica.queue_stats import ENDINGS, WAIT_BUCKETS, QueueStats
 
 __all__ = ["RuntimeCollector", "RuntimeFacts", "queue_families", "replica_metrics_server"]
@@ -74,12 +77,16 @@ class RuntimeFacts(Protocol):
 
     def facts(self) -> dict[str, Any]: ...
 
+    def fleet_state(self) -> tuple[State | None, FleetWatch | None]: ...
+
 
 class RuntimeCollector(Collector):
-    """Turns a replica's counters into metric families at scrape time."""
+    """Turns a replica's counters, and its fleet (:mod:`reconciler.replica.fleet_metrics`),
+    into metric families at scrape time."""
 
-    def __init__(self, runtime: RuntimeFacts) -> None:
+    def __init__(self, runtime: RuntimeFacts, *, per_host: bool = False) -> None:
         self.runtime = runtime
+        self.per_host = per_host
 
     def collect(self) -> Iterator[Metric]:
         f = self.runtime.facts()
@@ -105,9 +112,14 @@ class RuntimeCollector(Collector):
         yield counter(
             "rc_consumer_restarts", "Times the input consumer was (re)started", f["restarts"]
         )
+        state, fleet = self.runtime.fleet_state()
+        if state is not None:
+            yield from fleet_families(state, per_host=self.per_host)
+        if fleet is not None:
+            yield from fleet.families()
         queue = f.get("queue")
         if isinstance(queue, QueueStats):
-            yield from queue_families(queue, f.get("state"))
+            yield from queue_families(queue, state)
 
 
 def replica_metrics_server(
@@ -115,11 +127,15 @@ def replica_metrics_server(
     addr: str,
     runtime: RuntimeFacts,
     health: Callable[[], Awaitable[dict[str, Any]]],
+    per_host: bool = False,
 ) -> MetricsServer:
-    """The replica's server: its counters, and ready once its pipeline is synced."""
+    """The replica's server: its counters and its fleet, and ready once its pipeline is
+    synced."""
 
     async def readiness() -> Readiness:
         document = await health()
         return Readiness(ready=bool(document.get("caches_synced")), detail=document)
 
-    return MetricsServer(addr=addr, collectors=[RuntimeCollector(runtime)], readiness=readiness)
+    return MetricsServer(
+        addr=addr, collectors=[RuntimeCollector(runtime, per_host=per_host)], readiness=readiness
+    )

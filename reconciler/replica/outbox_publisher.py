@@ -64,8 +64,12 @@ class OutboxPublisher:
         max_queued: int = 1000,
         max_backoff_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        on_published: Callable[[list[Output]], None] | None = None,
     ) -> None:
         self.store = store
+        #: told the outputs of every batch published from memory once confirmed (the
+        #: decision latency, :class:`reconciler.replica.fleet_metrics.FleetWatch`)
+        self._on_published = on_published
         self.prefix = prefix
         self._out = OutputPublisher(nc, prefix=prefix)
         self.batches_per_round = batches_per_round
@@ -184,7 +188,9 @@ class OutboxPublisher:
                 self._out.forget(round_)
                 last = 0
                 for _ in range(covered):
-                    last = self._queue.popleft()[0]
+                    last, outputs = self._queue.popleft()
+                    if self._on_published is not None:
+                        self._on_published(outputs)
                 self._sent -= covered
                 self.published += round_.count
                 leadership.published_seq = max(leadership.published_seq, last)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -101,6 +101,8 @@ class Commit:
     fx: Effects
     inputs: int
     dead_letters: int
+    #: the inputs folded, with their stream times (the fleet metrics' lifecycle waits)
+    deliveries: Sequence[Delivery] = ()
 
 
 CommitListener = Callable[[Commit], None]
@@ -431,6 +433,7 @@ class Pipeline:
             fx=folded.fx,
             inputs=len(folded.good) + len(folded.bad),
             dead_letters=len(folded.bad),
+            deliveries=folded.good,
         )
         for listener in tuple(self._listeners):
             listener(commit)

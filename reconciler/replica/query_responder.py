@@ -9,7 +9,10 @@ Rules:
   ``not-found``, ``invalid``) and ``internal`` (an addition) for a failure of ours.
 - Until the replica's pipeline is synced every query but ``health`` answers
   ``cache-not-ready``. Answers are read from the replica's folded state; ``lease`` adds
-  the lease's journal from the store.
+  the lease's journal from the store, and with ``"decisions": true`` the latest
+  decision of each request that names the lease (from the store, summarised as the
+  ``decisions`` query summarises them); ``fleet`` adds each pool's warm claims (the
+  warm hit ratio), which the store counts.
 - A request that is not a JSON object, or names no known query, is ``invalid``; a request
   without a reply subject is dropped. A query never changes anything.
 - ``config-check`` (what ``apply --dry-run`` and ``diff`` ask) is an ``apply-config``
@@ -42,7 +45,14 @@ from reconciler.core.messages import (
     error_reply,
     ok_reply,
 )
-from reconciler.core.queries import ADAPTER_QUERIES, QUERIES, QueryError, config_check
+from reconciler.core.queries import (
+    ADAPTER_QUERIES,
+    QUERIES,
+    QueryError,
+    config_check,
+    decision_summary,
+)
+from reconciler.core.status import with_warm_claims
 from reconciler.replica.pipeline import Pipeline
 
 __all__ = ["CONFIG_CHECK", "MAX_REQUEST_BYTES", "QueryResponder"]
@@ -125,8 +135,20 @@ class QueryResponder:
             result = query(self.pipeline.state, request)
         except QueryError as exc:
             return error_reply(exc.code, exc.message)
+        if name == "fleet":
+            claims = await self.pipeline.store.warm_claims()
+            result["pools"] = [
+                with_warm_claims(row, claims.get(str(row["pool"]), (0, 0)))
+                for row in result["pools"]
+            ]
         if name == "lease":
-            result["history"] = await self.pipeline.store.lease_history(str(result["lease_id"]))
+            lease_id = str(result["lease_id"])
+            result["history"] = await self.pipeline.store.lease_history(lease_id)
+            if request.get("decisions") is True:
+                records = await self.pipeline.store.decisions_for(lease_id=lease_id)
+                summaries = [decision_summary(r.payload) for r in records]
+                summaries.sort(key=lambda d: (d["input_seq"] or 0, d["request_id"]))
+                result["decisions"] = summaries
         return ok_reply(result)
 
     def _config_check(self, request: dict[str, Any]) -> bytes:

@@ -46,10 +46,11 @@ from reconciler.bus.streams import (
     ensure_streams,
 )
 from reconciler.bus.violations import PermissionViolation
-from reconciler.core.messages import DEFAULT_PREFIX, MAX_PAYLOAD_BYTES
+from reconciler.core.messages import DEFAULT_PREFIX, MAX_PAYLOAD_BYTES, Output
 from reconciler.core.retention import DEFAULT_DECISION_RETENTION_S
 from reconciler.incus.endpoints import IncusEndpoint
 from reconciler.replica.collector import FULL_EVERY_S, StateCollector
+from reconciler.replica.fleet_metrics import FleetWatch
 from reconciler.replica.leader import LeaderElection, Leadership
 from reconciler.replica.outbox_publisher import OutboxPublisher
 from reconciler.replica.pipeline import Pipeline
@@ -127,6 +128,8 @@ class RunConfig:
     #: replicas of the streams and the bucket when this replica creates them
     stream_replicas: int = 1
     metrics_addr: str | None = None
+    #: one series per host as well as the fleet's aggregates (``--metrics-per-host``)
+    metrics_per_host: bool = False
     #: after loading the store, move every live object into the garbage collector's
     #: permanent generation (``gc.freeze``): full collections then never scan the loaded
     #: state again (100,000 leases: ~100 ms a full collection otherwise). A process
@@ -179,6 +182,8 @@ class Replica:
         #: the admission queue's counters (every replica folds, so every replica counts)
         self.queue_metrics = QueueStats()
         self.metrics: MetricsServer | None = None  # aiohttp, loaded only when asked for
+        #: the fleet's counters and histograms (kept whether metrics are served or not)
+        self.fleet: FleetWatch | None = None
         self._head = 0
         self._stream_identity = ""
         self._published = 0
@@ -281,6 +286,8 @@ class Replica:
         self.collector = collector
         if collector is not None:
             pipeline.add_listener(collector.notify)
+        self.fleet = FleetWatch(state=lambda: pipeline.state, warm_claims=await store.warm_claims())
+        pipeline.add_listener(self.fleet.notify)
         pipeline.add_listener(self.queue_metrics.notify)
         self.election = LeaderElection(
             js, bucket=self.names.leader_bucket, holder=cfg.replica, ttl_s=cfg.leader_ttl_s
@@ -293,7 +300,10 @@ class Replica:
             from reconciler.replica.metrics import replica_metrics_server
 
             self.metrics = replica_metrics_server(
-                addr=cfg.metrics_addr, runtime=self, health=self.health
+                addr=cfg.metrics_addr,
+                runtime=self,
+                health=self.health,
+                per_host=cfg.metrics_per_host,
             )
             await self.metrics.start()
         self._log.info(
@@ -368,7 +378,12 @@ class Replica:
         assert pipeline is not None and store is not None and js is not None and nc is not None
         cfg = self.config
         leadership.published_seq = await store.published_seq()
-        publisher = OutboxPublisher(store=store, nc=nc, prefix=cfg.prefix)
+        publisher = OutboxPublisher(
+            store=store,
+            nc=nc,
+            prefix=cfg.prefix,
+            on_published=self._decisions_published,
+        )
         reporter = StatusReporter(
             pipeline=pipeline,
             nc=nc,
@@ -545,6 +560,17 @@ class Replica:
             return leading.published_seq
         return await self.store.published_seq() if self.store is not None else 0
 
+    def _decisions_published(self, outputs: list[Output]) -> None:
+        """The decision latency of what the leader published, once synced: the batches
+        of a catch-up are old inputs whose decisions were published long ago."""
+        pipeline = self.pipeline
+        if self.fleet is not None and pipeline is not None and pipeline.synced.is_set():
+            self.fleet.published(outputs)
+
+    def fleet_state(self) -> tuple[State | None, FleetWatch | None]:
+        """The folded state and the fleet's counters, for the metrics collector."""
+        return (self.pipeline.state if self.pipeline else None), self.fleet
+
     def facts(self) -> dict[str, Any]:
         """Counters for the metrics collector."""
         pipeline = self.pipeline
@@ -566,5 +592,4 @@ class Replica:
             "queries": self.queries.answered if self.queries else 0,
             "restarts": pipeline.consumer.restarts if pipeline else 0,
             "queue": self.queue_metrics,
-            "state": pipeline.state if pipeline else None,
         }

@@ -163,6 +163,17 @@ _V5 = (
 )
 
 _V6 = (
+    # the warm hit ratio (docs/operations.md, "Metrics"): claim-warm decisions on a known
+    # pool, summed per pool and outcome by every batch that decides some. Not state: the
+    # fold never reads it, and it is in neither the digest nor a snapshot
+    """CREATE TABLE warm_claims (
+        pool TEXT PRIMARY KEY,
+        claimed INTEGER NOT NULL DEFAULT 0,
+        no_warm INTEGER NOT NULL DEFAULT 0
+    )""",
+)
+
+_V7 = (
     # the admission queue (reconciler.core.waiting): one row per waiting request, its
     # entity's encoding, until it is admitted, times out or is cancelled
     "CREATE TABLE waiting (name TEXT PRIMARY KEY, data TEXT NOT NULL)",
@@ -176,7 +187,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "published position of the outbox", _V3),
     Migration(4, "outbox by batch; fewer lease indexes", _V4),
     Migration(5, "retention: decision and release times, journal time and pruning", _V5),
-    Migration(6, "the admission queue and tenants", _V6),
+    Migration(6, "warm claims per pool (the warm hit ratio)", _V6),
+    Migration(7, "the admission queue and tenants", _V7),
 )
 
 #: the schema version this code writes

@@ -102,6 +102,11 @@ _INSERT_JOURNAL = (
     "INSERT INTO journal (input_seq, lease_id, event, from_state, to_state, at) "
     "VALUES (?, ?, ?, ?, ?, ?)"
 )
+_ADD_WARM_CLAIMS = (
+    "INSERT INTO warm_claims (pool, claimed, no_warm) VALUES (?, ?, ?) "
+    "ON CONFLICT (pool) DO UPDATE SET claimed = claimed + excluded.claimed, "
+    "no_warm = no_warm + excluded.no_warm"
+)
 _DECISION_COLUMNS = "request_id, verb, phase, msg_id, payload, lease_id, final_at"
 
 
@@ -238,11 +243,22 @@ def encode_batch(state: State, fx: Effects, *, applied_seq: int) -> Batch:
             for t in fx.transitions
         ],
     )
+    if fx.warm_claims:
+        add(_ADD_WARM_CLAIMS, _warm_claim_rows(fx.warm_claims))
     outputs = [(o.subject, o.msg_id, o.payload) for o in fx.outputs]
     if outputs:
         add(INSERT_OUTBOX, [(applied_seq, pack_outputs(outputs))])
     journal_at = max((t.at for t in fx.transitions), default=0)
     return Batch(applied_seq=applied_seq, writes=tuple(writes), journal_at=journal_at)
+
+
+def _warm_claim_rows(claims: Iterable[tuple[str, str]]) -> list[tuple[Any, ...]]:
+    """``(pool, claimed, no_warm)`` increments of a batch's claim-warm decisions."""
+    sums: dict[str, list[int]] = {}
+    for pool, outcome in claims:
+        row = sums.setdefault(pool, [0, 0])
+        row[0 if outcome == "claimed" else 1] += 1
+    return [(pool, claimed, missed) for pool, (claimed, missed) in sorted(sums.items())]
 
 
 def _decision(row: Sequence[Any]) -> DecisionRecord:
@@ -531,6 +547,15 @@ class Store(Database):
         if row is None:
             raise StoreError("the position row is missing")
         return int(row[0]), int(row[1])
+
+    async def warm_claims(self) -> dict[str, tuple[int, int]]:
+        """Claim-warm decisions per pool since this store began: ``(claimed, no_warm)``
+        (a store started from a snapshot counts from the snapshot)."""
+        async with self.using("read warm claims") as conn:
+            rows = await conn.execute_fetchall(
+                "SELECT pool, claimed, no_warm FROM warm_claims ORDER BY pool"
+            )
+        return {str(pool): (int(claimed), int(missed)) for pool, claimed, missed in rows}
 
     async def lease_history(self, lease_id: str) -> list[dict[str, Any]]:
         """The journal of one lease, in order: ``input_seq, event, from_state, to_state``."""

@@ -550,6 +550,7 @@ class Run:
             self.check_command(msg, fx, pre, decisions)
         if isinstance(item, (Lifecycle, Observation)):
             self.check_event(item, fx, pre)
+        self.check_metric_effects(msg, fx, pre)
         if fx.outputs and any(o.subject.startswith("out.config.rejected.") for o in fx.outputs):
             assert digest(s, with_seq=False) == pre["digest"], "a rejected config changed state"
             self.seen["config-rejected"] += 1
@@ -560,6 +561,25 @@ class Run:
         again = fold(s, msg)
         assert again.outputs == [] and again.transitions == []
         assert digest(s) == whole
+
+    def check_metric_effects(self, msg: Message, fx: Effects, pre: dict[str, Any]) -> None:
+        """What the metrics count (``fx.verdicts``, ``fx.warm_claims``) is what the
+        decisions say: one verdict per decision written (none for one re-sent), and a
+        warm claim per claim-warm decided for a new job on a known pool."""
+        item = msg.input
+        bodies = [
+            orjson.loads(o.payload) for o in fx.outputs if o.subject.startswith("out.decision.")
+        ]
+        if pre.get("decided"):
+            assert fx.verdicts == [] and fx.warm_claims == [], "a re-sent decision counted"
+            return
+        assert fx.verdicts == [(d["verb"], d["outcome"], d.get("reason")) for d in bodies]
+        counted: list[tuple[str, str]] = []
+        if isinstance(item, ClaimWarm) and pre["bound"] is None and item.pool in self.state.pools:
+            (d,) = bodies
+            counted = [(item.pool, d["outcome"])]
+            self.seen[f"warm-claim-{d['outcome']}"] += 1
+        assert fx.warm_claims == counted, (fx.warm_claims, counted)
 
     def check_transitions(self, msg: Message, fx: Effects) -> None:
         for t in fx.transitions:
@@ -820,8 +840,10 @@ class Run:
                     item = msg.input
                     assert isinstance(item, Failure), f"{rid} failed without a failure input"
                     assert item.lease_id in gate.victims, f"{rid} failed for a non-victim"
-                    failed = self.state.leases[LeaseId(gate.lease_id)]
-                    assert failed.state is LeaseState.RELEASED and failed.fault, failed
+                    ended = self.state.leases.get(LeaseId(gate.lease_id))
+                    assert ended is None or (ended.state is LeaseState.RELEASED and ended.fault), (
+                        ended
+                    )
                     gate.opened = True
                     self.seen["preemption-failed"] += 1
                     continue

@@ -12,11 +12,14 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from reconciler.core.inputs import ApplyConfig, from_payload
 from reconciler.core.model import PoolName
 from reconciler.core.queries import QUERIES, QueryError, config_check
-from reconciler.core.state import Effects
+from reconciler.core.state import Effects, State
+from tests.core.test_fold_properties import Run, budget, play
 from tests.support.builders import (
     Fleet,
     admit,
@@ -409,3 +412,143 @@ def test_the_queue_query_lists_waiting_requests_in_admission_order() -> None:
     assert every[0]["deadline"] == "2026-12-02T10:00:38.000Z"
     assert [r["request_id"] for r in queue(f.state, {"pool": "low"})["requests"]] == ["l1", "l2"]
     assert queue(f.state, {"tenant": "nobody"})["requests"] == []
+
+
+# =========================================================================== fleet
+
+
+def test_fleet_answers_hosts_pools_and_the_fleets_totals() -> None:
+    fleet = fleet_with_leases()
+    fleet.send(snapshot("g1", gpus=[gpu(0), gpu(1)]), cmd("cordon", "k1", host="h2"))
+
+    answer = query(fleet, "fleet")
+
+    assert [h["host"] for h in answer["hosts"]] == ["g1", "h1", "h2"]
+    h1 = answer["hosts"][1]
+    assert h1["booked"]["cpu"] > 0 and h1["leases_by_state"] == {"claimed": 1, "reserved": 1}
+    assert answer["hosts"][0]["gpus_total"] == 2 and answer["hosts"][0]["gpus_free"] == [0, 1]
+    assert answer["hosts"][2]["cordon"] == "cordoned"
+    assert [p["pool"] for p in answer["pools"]] == ["ci", "warm"]
+    assert answer["pools"][1]["claimed"] == 1
+    totals = answer["totals"]
+    assert totals["allocatable"]["gpus"] == 2 and totals["booked"]["gpus"] == 0
+    assert totals["allocatable"]["cpu"] == sum(h["allocatable"]["cpu"] for h in answer["hosts"])
+    assert totals["booked"]["cpu"] == h1["booked"]["cpu"]
+    assert totals["hosts"] == {"schedulable": 2, "unschedulable": 0, "cordoned": 1, "draining": 0}
+    assert answer["hosts_total"] == 3 and answer["next_after"] is None
+    assert answer["applied_seq"] == fleet.state.applied_seq
+
+
+def test_fleet_pages_hosts_in_name_order() -> None:
+    fleet = Fleet()
+    fleet.send(*(snapshot(f"h{i:02d}") for i in range(7)))
+
+    first = query(fleet, "fleet", limit=3)
+    second = query(fleet, "fleet", limit=3, after=first["next_after"])
+    last = query(fleet, "fleet", limit=3, after=second["next_after"])
+
+    assert [h["host"] for h in first["hosts"]] == ["h00", "h01", "h02"]
+    assert [h["host"] for h in second["hosts"]] == ["h03", "h04", "h05"]
+    assert [h["host"] for h in last["hosts"]] == ["h06"] and last["next_after"] is None
+    assert first["hosts_total"] == 7 and first["totals"]["hosts"]["schedulable"] == 7
+
+
+@pytest.mark.parametrize(
+    "request_", [{"limit": 0}, {"limit": 501}, {"limit": "3"}, {"limit": True}, {"after": 3}]
+)
+def test_malformed_fleet_requests_are_invalid(request_: dict[str, Any]) -> None:
+    assert query_error(fleet_with_leases(), "fleet", **request_) == "invalid"
+
+
+# ======================================================================= decisions
+
+
+def test_decisions_are_the_newest_first_with_their_reasons() -> None:
+    fleet = fleet_with_leases()
+    fleet.send(admit("r9", "nope", "vm9"))
+
+    answer = query(fleet, "decisions")
+
+    shown = [(d["request_id"], d["outcome"], d.get("reason")) for d in answer["decisions"]]
+    assert shown == [
+        ("r9", "rejected", "unknown-pool"),
+        ("c1", "claimed", None),
+        ("r2", "admitted", None),
+        ("r1", "admitted", None),
+    ]
+    newest = answer["decisions"][0]
+    assert newest["verb"] == "admit" and newest["phase"] == "final" and "lease" not in newest
+    assert newest["input_seq"] == fleet.seq and newest["decided_at"].startswith("2026-")
+    claim = answer["decisions"][1]
+    assert claim["lease"]["instance"] == "w1" and claim["lease"]["job"] == "job-2"
+
+
+def test_decisions_stop_at_the_limit_and_look_as_far_back_as_it_takes() -> None:
+    fleet = fleet_with_leases()
+    for i in range(30):
+        fleet.send(admit(f"x{i}", "nope", f"vm-x{i}"))
+
+    assert [d["request_id"] for d in query(fleet, "decisions", limit=2)["decisions"]] == [
+        "x29",
+        "x28",
+    ]
+    everything = query(fleet, "decisions", limit=200)["decisions"]
+    assert len(everything) == 33 and everything[-1]["request_id"] == "r1"
+
+
+def test_decisions_show_a_preemption_waiting_for_its_victims_as_pending() -> None:
+    fleet = Fleet()
+    fleet.send(snapshot("h1", cpu=2), pool("warm", cpu=1, max_ready=4), pool("cold", cpu=2))
+    for i in range(2):
+        fleet.send(admit(f"w{i}", "warm", f"w{i}", kind="warm", host="h1"))
+        fleet.send(lifecycle("h1", "instance-ready", f"w{i}"))
+    fleet.send(admit("p1", "cold", "vm1", preemptible=True))
+
+    (newest, *_) = query(fleet, "decisions")["decisions"]
+
+    assert (newest["request_id"], newest["phase"], newest["outcome"]) == (
+        "p1",
+        "pending",
+        "pending",
+    )
+
+
+def test_a_long_detail_is_cut_in_a_summary() -> None:
+    from reconciler.core.queries import decision_summary
+
+    body = {"request_id": "r", "verb": "admit", "phase": "final", "outcome": "rejected"}
+    summary = decision_summary(orjson.dumps({**body, "detail": "x" * 5000, "input_seq": 3}))
+
+    assert len(summary["detail"]) == 1025 and summary["input_seq"] == 3
+
+
+@pytest.mark.parametrize("request_", [{"limit": 0}, {"limit": 201}, {"limit": 2.5}])
+def test_malformed_decisions_requests_are_invalid(request_: dict[str, Any]) -> None:
+    assert query_error(fleet_with_leases(), "decisions", **request_) == "invalid"
+
+
+@budget(60)
+@given(data=st.data(), limit=st.integers(1, 40))
+def test_decisions_are_the_newest_kept_whatever_the_history(data: Any, limit: int) -> None:
+    """The ``decisions`` query, which walks the retention index by second, answers what
+    a scan of every kept decision would: the final ones and those waiting at a launch
+    gate, newest input first, ``limit`` of them."""
+    run = play(data, Run(checks=False, state=State(decision_retention_s=30)), steps=80)
+    state = run.state
+    gated = {
+        state.leases[lease_id].request_id
+        for ids in state.gated_on_host.values()
+        for lease_id in ids
+    }
+    kept = [
+        orjson.loads(r.payload)
+        for r in state.decisions.values()
+        if r.phase == "final" or r.request_id in gated
+    ]
+    kept.sort(key=lambda d: (d["input_seq"], d["request_id"]), reverse=True)
+
+    answer = QUERIES["decisions"](state, {"limit": limit})["decisions"]
+
+    assert [(d["request_id"], d["phase"]) for d in answer] == [
+        (d["request_id"], d["phase"]) for d in kept[:limit]
+    ]

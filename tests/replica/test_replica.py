@@ -306,6 +306,19 @@ async def test_queries(nc: Client, nats_url: str, tmp_path: Path) -> None:
             }
         ]
         valid("query/lease.result.json", detail)
+        assert "decisions" not in detail
+        trail = await bus.result("lease", {"identifier": "job-1", "decisions": True})
+        valid("query/lease.result.json", trail)
+        assert [(d["request_id"], d["outcome"]) for d in trail["decisions"]] == [("a1", "admitted")]
+        recent = await bus.result("decisions", {"limit": 5})
+        valid("query/decisions.result.json", recent)
+        assert [d["request_id"] for d in recent["decisions"]] == ["m1", "a1"]
+        page = await bus.result("fleet", {})
+        valid("query/fleet.result.json", page)
+        assert [h["host"] for h in page["hosts"]] == ["g1", "h1"]
+        assert {p["pool"] for p in page["pools"]} >= {"web", "ml"}
+        no_claims = {"claimed": 0, "no_warm": 0, "hit_ratio": None}
+        assert all(p["warm_claims"] == no_claims for p in page["pools"])
         mine = await bus.result("assignments", {"host": "h1", "uid": "uid-h1"})
         assert [le["instance"] for le in mine] == ["vm-1"]
         assert await bus.result("assignments", {"host": "h1", "uid": "other"}) == []

@@ -230,9 +230,19 @@ class Site:
             devices.append(("metrics", _proxy(p.metrics[machine], METRICS_PORT, "host")))
         for name, spec in devices:
             self.incus("config", "device", "add", machine, name, *spec)
-        state = self.sh(machine, "systemctl is-system-running --wait || true", timeout=120)
+        # A boot takes seconds on a quiet machine; on a loaded one (the suite beside other
+        # work) it has taken over 120 s. systemd's own timeout ends the wait, whatever a
+        # unit does; if it does not, say which jobs were still running.
+        try:
+            state = self.sh(
+                machine, "timeout 280 systemctl is-system-running --wait || true", timeout=300
+            )
+        except subprocess.TimeoutExpired as exc:
+            jobs = self.sh(machine, "systemctl list-jobs --no-pager || true", timeout=30)
+            raise RuntimeError(f"{machine}: systemd still booting after 300 s:\n{jobs}") from exc
         if state.strip() not in ("running", "degraded"):
-            raise RuntimeError(f"{machine}: systemd is {state.strip()!r} after boot")
+            jobs = self.sh(machine, "systemctl list-jobs --no-pager || true", timeout=30)
+            raise RuntimeError(f"{machine}: systemd is {state.strip()!r} after boot:\n{jobs}")
 
     def wait_http(
         self, url: str, *, what: str, within_s: float, diagnose: Callable[[], str]

@@ -10,7 +10,8 @@
   :mod:`.diff` and :mod:`.delete` (the config in force, compared, deleted);
   :mod:`.cordon`, :mod:`.uncordon` and :mod:`.drain` (hosts out of service and back).
 - Looking back: :mod:`.replay`, :mod:`.audit` (a lease's timeline), :mod:`.status`
-  (hosts and pools from a store), and :mod:`.demo`.
+  (hosts and pools from a store), :mod:`.web` (a read-only page of the fleet, from the
+  replicas' queries), and :mod:`.demo`.
 
 Rules: a command module turns its options into a program's configuration and runs it;
 the shared options are :mod:`reconciler.cli.options`'s, and every refusal is a

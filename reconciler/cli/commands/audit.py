@@ -12,14 +12,18 @@ Reading the bus connects once, bounded by ``--connect-timeout``; a stream that d
 exist is an error, not an empty timeline. The store is opened read-only and must be a
 replica's store.
 When ``--journal-retention`` pruned the journal, a first line says since when history is
-incomplete.
+incomplete. Reading a busy host's executor commands walks the OUT stream: a terminal's
+standard error shows how far (stream sequences), the rate and the time left
+(:mod:`reconciler.cli.progress`); nothing when standard error is not a terminal.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,7 @@ from reconciler.cli.options import (
     db_option,
     oneshot_log_options,
 )
+from reconciler.cli.progress import Progress
 from reconciler.store.errors import StoreError
 from reconciler.store.sqlite import Store
 
@@ -113,12 +118,16 @@ async def _from_bus(
     nc = await connect_once(nats, nats.initial_timeout_s or DEFAULT_CONNECT_TIMEOUT_S)
     try:
         js = nc.jetstream()
+        last_out = 0
         for stream in (names.in_stream, names.out_stream):
             try:
-                await js.stream_info(stream)
+                info = await js.stream_info(stream)
             except NotFoundError:
                 raise missing_stream(stream, prefix) from None
-        for lease, events in timelines:
+            last_out = int(info.state.last_seq or 0)
+        # the OUT stream is walked once per lease for its host's commands: its sequences
+        progress = Progress("audit", unit="OUT stream messages", total=last_out * len(timelines))
+        for at, (lease, events) in enumerate(timelines):
             decided = [
                 await _all(js, names.out_stream, names.subjects.decision(rid))
                 for rid in request_ids[lease.lease_id]
@@ -129,12 +138,19 @@ async def _from_bus(
                 for phases in decided:
                     for _, body in phases:
                         events[int(body["input_seq"])].append({"type": "decision", **body})
-            commands = await _all(js, names.out_stream, names.subjects.exec_commands(lease.host))
+            commands = await _all(
+                js,
+                names.out_stream,
+                names.subjects.exec_commands(lease.host),
+                on_seq=functools.partial(_advance, progress, at * last_out),
+            )
             for out_seq, body in commands:
                 if body.get("lease_id") == lease.lease_id:
                     verb = "delete" if "reason" in body else "create"
                     command = {"type": "command", "verb": verb, "output_seq": out_seq, **body}
                     events[_input_seq_of(events, command)].append(command)
+        progress.update(last_out * len(timelines))
+        progress.done()
         seqs = sorted({seq for _, events in timelines for seq in events})
         found: dict[int, dict[str, Any]] = {}
         for seq in seqs:
@@ -155,8 +171,15 @@ async def _from_bus(
     return found
 
 
-async def _all(js: Any, stream: str, subject: str) -> list[tuple[int, dict[str, Any]]]:
-    """Every message of ``stream`` on ``subject`` (wildcards allowed), in order, decoded."""
+def _advance(progress: Progress, base: int, seq: int) -> None:
+    progress.update(base + seq)
+
+
+async def _all(
+    js: Any, stream: str, subject: str, *, on_seq: Callable[[int], None] | None = None
+) -> list[tuple[int, dict[str, Any]]]:
+    """Every message of ``stream`` on ``subject`` (wildcards allowed), in order, decoded;
+    ``on_seq`` is told the stream sequence reached after each."""
     found: list[tuple[int, dict[str, Any]]] = []
     seq = 1
     while True:
@@ -167,6 +190,8 @@ async def _all(js: Any, stream: str, subject: str) -> list[tuple[int, dict[str, 
         with contextlib.suppress(orjson.JSONDecodeError):
             found.append((int(msg.seq), orjson.loads(msg.data or b"{}")))
         seq = int(msg.seq) + 1
+        if on_seq is not None:
+            on_seq(int(msg.seq))
 
 
 def _input_seq_of(events: dict[int, list[dict[str, Any]]], command: dict[str, Any]) -> int:

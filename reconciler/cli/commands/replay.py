@@ -1,5 +1,7 @@
 """``reconciler replay``: fold the input stream again and compare every output with the
 output stream; prints the report (or one JSON object) and exits 1 on any divergence.
+While it folds, a terminal's standard error shows how far it is, its rate and the time
+left (:mod:`reconciler.cli.progress`); nothing when standard error is not a terminal.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from reconciler.cli.options import (
     decision_retention_option,
     oneshot_log_options,
 )
+from reconciler.cli.progress import Progress
 from reconciler.replay.replay import ReplayError, replay
 from reconciler.store.errors import StoreError
 
@@ -59,6 +62,8 @@ def replay_command(
     output stream. Prints a digest of the state; exits 1 on any divergence."""
     common = common_from(kwargs, name="reconciler-replay")
     retention = kwargs["decision_retention"]
+    # on a terminal only (standard error): inputs folded, their rate and the time left
+    progress = Progress("replay", unit="inputs")
     try:
         report = anyio.run(
             lambda: replay(
@@ -67,6 +72,7 @@ def replay_command(
                 db=db,
                 decision_retention_s=retention,
                 from_snapshot=from_snapshot,
+                progress=progress,
             )
         )
     except TimeoutError as exc:

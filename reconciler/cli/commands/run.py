@@ -103,6 +103,7 @@ def run(**kwargs: Any) -> None:
             reservation_timeout_s=kwargs["reservation_timeout"],
             leader_ttl_s=kwargs["leader_ttl"],
             metrics_addr=kwargs["metrics_addr"],
+            metrics_per_host=kwargs["metrics_per_host"],
             freeze_loaded_state=kwargs["gc_threshold"] > 0,
             snapshot_interval_s=kwargs["snapshot_interval"],
         )

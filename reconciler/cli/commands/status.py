@@ -23,6 +23,7 @@ from reconciler.core.status import (
     pool_status,
     queue_status,
     tenant_status,
+    with_warm_claims,
 )
 from reconciler.store.errors import StoreError
 from reconciler.store.sqlite import Store
@@ -33,9 +34,14 @@ __all__ = ["overview_lines", "status"]
 async def overview_lines(db: Path, *, as_json: bool = False) -> list[str]:
     async with await Store.open_readonly(db) as store:
         state = await store.load_state()
+        claims = await store.warm_claims()
     seq = state.applied_seq
     hosts = [host_status(state, HostName(h), as_of_seq=seq) for h in sorted(state.hosts)]
-    pools = [pool_status(state, PoolName(p), as_of_seq=seq) for p in sorted(state.pools)]
+    pools = [
+        with_warm_claims(row, claims.get(p, (0, 0)))
+        for p in sorted(state.pools)
+        if (row := pool_status(state, PoolName(p), as_of_seq=seq)) is not None
+    ]
     failures = failed_leases(state)
     queues, tenants = queue_status(state), tenant_status(state)
     if as_json:
@@ -64,7 +70,7 @@ async def overview_lines(db: Path, *, as_json: bool = False) -> list[str]:
     lines.append("")
     lines.append(
         f"{'POOL':<20} {'READY':>5} {'BOOT':>5} {'CLAIMED':>7} {'DRAIN':>5} {'VICTIMS':>7} "
-        f"{'PENDING':>7} {'INSTANCES':>9}  WARM min/max"
+        f"{'PENDING':>7} {'INSTANCES':>9}  {'WARM min/max':<12}  HIT RATIO (claimed/claims)"
     )
     for row in pools:
         if row is not None:
@@ -128,6 +134,14 @@ def _gpus(row: dict[str, Any]) -> str:
     return "none free" if row.get("gpus_total", 0) else "-"
 
 
+def _hit_ratio(row: dict[str, Any]) -> str:
+    claims = row["warm_claims"]
+    total = claims["claimed"] + claims["no_warm"]
+    if not total:
+        return "-"
+    return f"{claims['hit_ratio']:.0%} ({claims['claimed']}/{total})"
+
+
 def _queue_line(row: dict[str, Any]) -> str:
     return (
         f"{row['pool']:<20} {row['tenant'] or '-':<12} {row['waiting']:>7}  "
@@ -150,10 +164,11 @@ def _tenant_line(row: dict[str, Any]) -> str:
 
 
 def _pool_line(row: dict[str, Any]) -> str:
+    warm = f"{row['min_ready']}/{row['max_ready']}"
     return (
         f"{row['pool']:<20} {row['ready']:>5} {row['booting']:>5} {row['claimed']:>7} "
         f"{row['draining']:>5} {row['victims']:>7} {row['pending_requests']:>7} "
-        f"{row['instances']:>9}  {row['min_ready']}/{row['max_ready']}"
+        f"{row['instances']:>9}  {warm:<12}  {_hit_ratio(row)}"
     )
 
 

@@ -252,6 +252,7 @@ def on_claim_warm(step: Step, cmd: ev.ClaimWarm) -> None:
         return
     ready = [step.state.leases[i] for i in step.state.pool_ready.get(cmd.pool, ())]
     if not ready:
+        step.fx.warm_claims.append((cmd.pool, "no-warm"))
         booting = step.state.pool_warm_unclaimed.get(cmd.pool, 0) > 0
         step.decide(
             cmd.request_id,
@@ -264,6 +265,7 @@ def on_claim_warm(step: Step, cmd: ev.ClaimWarm) -> None:
     chosen = min(ready, key=lambda le: (le.ready_seq, le.lease_id))
     claimed = step.move(chosen, CLAIMED, verb, job=cmd.job)
     step.state.jobs[cmd.job] = claimed.lease_id
+    step.fx.warm_claims.append((cmd.pool, "claimed"))
     step.decide(cmd.request_id, verb, "claimed", lease=claimed)
 
 

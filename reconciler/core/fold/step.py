@@ -144,6 +144,7 @@ class Step:
         fx = self.fx
         fx.decisions.add(request_id)
         fx.outputs.append(out)
+        fx.verdicts.append((verb, outcome, reason))
 
     def move(self, lease: Lease, to: LeaseState, event: str, **changes: Any) -> Lease:
         """Change a lease's state (or only its fields, when ``to`` is its state)."""
