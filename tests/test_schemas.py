@@ -90,6 +90,7 @@ def test_every_message_of_the_contract_has_a_schema() -> None:
         "pool",
         "config",
         "config-check",
+        "queue",
         "fleet",
         "decisions",
     ]

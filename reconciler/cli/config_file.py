@@ -76,7 +76,7 @@ def _kind_of(item: dict[str, Any]) -> str | None:
     kind = item.get("kind")
     if kind is not None:
         return kind if kind in KINDS else None
-    for field, guessed in (("pool", "pool"), ("class", "class")):
+    for field, guessed in (("tenant", "tenant"), ("pool", "pool"), ("class", "class")):
         if field in item:
             return guessed
     if "defaults" in item:

@@ -10,7 +10,9 @@ dataclasses.
   input to it, one module per kind of input, over the launch gate.
 - The fold's choices: :mod:`.placement` (DRA semantics, pack or spread) over
   :mod:`.candidates` (the fitting hosts of each request shape, kept incrementally),
-  :mod:`.preemption` (victims), :mod:`.runtime` (a GPU's effective runtime).
+  :mod:`.preemption` (victims), :mod:`.runtime` (a GPU's effective runtime),
+  :mod:`.waiting` (the admission queue: requests that wait for room, in order), and
+  :mod:`.tenants` (quotas, cohorts that borrow and lend, fair shares).
 - :mod:`.retention` and :mod:`.expiry`: what the fold forgets, in stream time.
 - :mod:`.messages`: the wire contract (subjects, message ids, headers, and every message
   published, built and parsed); :mod:`.compat`: how an older release's outputs compare.

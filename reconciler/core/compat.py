@@ -96,6 +96,12 @@ ADDITIONS: tuple[Addition, ...] = (
         path=("items",),
         why="what became of each item of an apply-config change, or why it was refused",
     ),
+    Addition(
+        since="0.2.0",
+        output=UNPREFIXED.decision("*"),
+        path=("position",),
+        why="a queued request's 1-based place in its pool's queue (outcome queued)",
+    ),
 )
 
 

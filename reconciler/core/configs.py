@@ -1,4 +1,5 @@
-"""Config kinds: pools, resource classes, GPU profiles and GPU policies, one entry each.
+"""Config kinds: pools, resource classes, GPU profiles, GPU policies and tenants, one entry
+each.
 
 Everything that handles config by its kind goes through :data:`CONFIG_KINDS`:
 
@@ -36,6 +37,7 @@ from reconciler.core.model import (
     Pool,
     PoolName,
     ResourceClass,
+    Tenant,
 )
 from reconciler.core.runtime import RuntimeConfigError, validate_overrides, validate_profile
 from reconciler.core.state import Effects, State
@@ -147,6 +149,14 @@ def _check_policy(cfg: ev.GpuPolicyConfig) -> str | None:
     return None
 
 
+def _check_tenant(cfg: ev.TenantConfig) -> str | None:
+    if cfg.cohort is None and (cfg.borrowing_limit is not None or cfg.lending_limit is not None):
+        return f"tenant {cfg.tenant!r}: borrowing and lending limits need a cohort"
+    if len(set(cfg.pools)) != len(cfg.pools):
+        return f"tenant {cfg.tenant!r}: pools repeat"
+    return None
+
+
 # --------------------------------------------------------------------------- build
 
 
@@ -165,6 +175,7 @@ def _build_pool(cfg: ev.PoolConfig, seq: int) -> Pool:
         project=cfg.project,
         seq=seq,
         instance_type=cfg.instance_type,
+        queue_wait_s=cfg.queue_wait_s,
     )
 
 
@@ -179,6 +190,19 @@ def _build_profile(cfg: ev.GpuProfileConfig, seq: int) -> GpuProfile:
 def _build_policy(cfg: ev.GpuPolicyConfig, seq: int) -> GpuPolicy:
     overrides = validate_overrides(cfg.name, cfg.overrides)  # checked: cannot raise here
     return GpuPolicy(cfg.name, cfg.priority, cfg.selector, overrides, seq)
+
+
+def _build_tenant(cfg: ev.TenantConfig, seq: int) -> Tenant:
+    return Tenant(
+        name=cfg.tenant,
+        pools=cfg.pools,
+        quota=cfg.quota,
+        weight=cfg.weight,
+        cohort=cfg.cohort,
+        borrowing_limit=cfg.borrowing_limit,
+        lending_limit=cfg.lending_limit,
+        seq=seq,
+    )
 
 
 # ------------------------------------------------------------------------ payloads
@@ -223,6 +247,8 @@ def _pool_payload(pool: Pool) -> dict[str, Any]:
     }
     if pool.instance_type is not None:
         out["instance_type"] = pool.instance_type.value
+    if pool.queue_wait_s is not None:
+        out["queue"] = {"wait_s": pool.queue_wait_s}
     return out
 
 
@@ -264,6 +290,23 @@ def _policy_payload(policy: GpuPolicy) -> dict[str, Any]:
     }
 
 
+def _tenant_payload(tenant: Tenant) -> dict[str, Any]:
+    return {
+        "v": 1,
+        "tenant": tenant.name,
+        "pools": list(tenant.pools),
+        "quota": tenant.quota.as_dict(),
+        "weight": tenant.weight,
+        "cohort": tenant.cohort,
+        "borrowing_limit": (
+            tenant.borrowing_limit.as_dict() if tenant.borrowing_limit is not None else None
+        ),
+        "lending_limit": (
+            tenant.lending_limit.as_dict() if tenant.lending_limit is not None else None
+        ),
+    }
+
+
 # --------------------------------------------------------------------------- users
 
 
@@ -289,6 +332,10 @@ def _profile_users(view: ConfigView, name: str) -> list[str]:
     if leases:
         hosts.append(f"{len(leases)} active lease(s) ({', '.join(leases[:3])}…)")
     return hosts
+
+
+def _touch_tenant(fx: Effects, name: str) -> None:
+    fx.tenants.add(name)
 
 
 def _touch_pool(fx: Effects, name: str) -> None:
@@ -342,6 +389,17 @@ CONFIG_KINDS: Final[dict[str, ConfigKind]] = {
             check=_check_policy,
             build=_build_policy,
             payload=_policy_payload,
+            users=_no_users,
+        ),
+        ConfigKind(
+            kind="tenant",
+            plural="tenants",
+            input_type=ev.TenantConfig,
+            table=lambda state: state.tenants,
+            touch=_touch_tenant,
+            check=_check_tenant,
+            build=_build_tenant,
+            payload=_tenant_payload,
             users=_no_users,
         ),
     )

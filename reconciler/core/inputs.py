@@ -32,6 +32,7 @@ from reconciler.core.model import (
     Placement,
     PolicySelector,
     PoolName,
+    Quota,
     RequestId,
     Resources,
     WarmPolicy,
@@ -138,6 +139,7 @@ class PoolConfig:
     profiles: tuple[str, ...]
     project: str
     instance_type: InstanceType | None = None
+    queue_wait_s: int | None = None
 
 
 @fast_init
@@ -165,7 +167,21 @@ class GpuPolicyConfig:
     overrides: dict[str, Any]  # validated by the fold, so a bad one is rejected by name
 
 
-ConfigInput = PoolConfig | ClassConfig | GpuProfileConfig | GpuPolicyConfig
+@fast_init
+@dataclass(frozen=True, slots=True)
+class TenantConfig:
+    """A tenant (an addition): its pools, nominal quota, weight and cohort."""
+
+    tenant: str
+    pools: tuple[PoolName, ...]
+    quota: Quota
+    weight: int
+    cohort: str | None
+    borrowing_limit: Quota | None
+    lending_limit: Quota | None
+
+
+ConfigInput = PoolConfig | ClassConfig | GpuProfileConfig | GpuPolicyConfig | TenantConfig
 
 
 @fast_init
@@ -215,6 +231,8 @@ class Admit:
     host: HostName | None
     claims: tuple[ClaimSpec, ...]
     preemptible: bool = False
+    #: seconds it may wait for room (an addition): ``None`` takes the pool's default
+    wait_s: int | None = None
 
     @property
     def verb(self) -> str:
@@ -283,6 +301,18 @@ class RenderRuntime:
 
 @fast_init
 @dataclass(frozen=True, slots=True)
+class QueueTimeout:
+    """The leader's word that a waiting request's deadline has passed (an addition):
+    the fold ends every wait whose deadline is at or before the command's timestamp."""
+
+    request_id: RequestId
+    #: the waiting request it is published for
+    waiting: RequestId
+    verb = "queue-timeout"
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
 class ApplyConfig:
     """Config items to put and to delete, applied whole or not at all (an addition)."""
 
@@ -335,6 +365,7 @@ Command = (
     | Cordon
     | Uncordon
     | Drain
+    | QueueTimeout
 )
 Input = (
     HostSnapshot
@@ -346,6 +377,7 @@ Input = (
     | ClassConfig
     | GpuProfileConfig
     | GpuPolicyConfig
+    | TenantConfig
     | RefusedConfig
     | Command
 )
@@ -506,6 +538,7 @@ def _pool(p: Payload) -> PoolConfig:
         profiles=tuple(p.get("profiles") or ()),
         project=p.get("project", "default"),
         instance_type=InstanceType(p["instance_type"]) if "instance_type" in p else None,
+        queue_wait_s=p["queue"]["wait_s"] if "queue" in p else None,
     )
 
 
@@ -547,6 +580,26 @@ def _gpu_policy(p: Payload) -> GpuPolicyConfig:
     )
 
 
+def _quota(q: Payload | None) -> Quota | None:
+    if q is None:
+        return None
+    return Quota(
+        q.get("cpu"), q.get("memory_mib"), q.get("disk_gib"), q.get("gpus"), q.get("instances")
+    )
+
+
+def _tenant(p: Payload) -> TenantConfig:
+    return TenantConfig(
+        tenant=p["tenant"],
+        pools=tuple(PoolName(name) for name in p.get("pools") or ()),
+        quota=_quota(p.get("quota")) or Quota(),
+        weight=p.get("weight", 1),
+        cohort=p.get("cohort"),
+        borrowing_limit=_quota(p.get("borrowing_limit")),
+        lending_limit=_quota(p.get("lending_limit")),
+    )
+
+
 def _admit(p: Payload, preemptible: bool = False) -> Admit:
     claims = p.get("claims")
     value = p.get("kind", "cold")
@@ -560,6 +613,7 @@ def _admit(p: Payload, preemptible: bool = False) -> Admit:
         p.get("host"),
         tuple(_claim(c) for c in claims) if claims else (),
         preemptible,
+        p.get("wait_s"),
     )
 
 
@@ -600,6 +654,7 @@ _BUILDERS: dict[str, Callable[[Payload], Input]] = {
     "config.class": _class,
     "config.gpu-profile": _gpu_profile,
     "config.gpu-policy": _gpu_policy,
+    "config.tenant": _tenant,
     "cmd.admit": _admit,
     "cmd.admit-preemptible": partial(_admit, preemptible=True),
     "cmd.claim-warm": lambda p: ClaimWarm(p["request_id"], p["pool"], p["job"]),
@@ -613,6 +668,7 @@ _BUILDERS: dict[str, Callable[[Payload], Input]] = {
     "cmd.cordon": lambda p: Cordon(p["request_id"], p["host"]),
     "cmd.uncordon": lambda p: Uncordon(p["request_id"], p["host"]),
     "cmd.drain": lambda p: Drain(p["request_id"], p["host"]),
+    "cmd.queue-timeout": lambda p: QueueTimeout(p["request_id"], p["waiting"]),
 }
 
 #: input kinds, as named by the subject after ``<prefix>.in.`` (host token removed)
@@ -624,6 +680,7 @@ CONFIG_NAME_FIELDS: dict[str, str] = {
     "class": "class",
     "gpu-profile": "name",
     "gpu-policy": "name",
+    "tenant": "tenant",
 }
 
 # Which payload field must equal the subject's name token, per kind family.

@@ -223,6 +223,52 @@ class Pool:
     queue_wait_s: int | None = field(default=None, metadata=ADDED_LATER)
 
 
+#: the resources a tenant's quota counts, in this order (``instances``: active leases)
+QUOTA_RESOURCES = ("cpu", "memory_mib", "disk_gib", "gpus", "instances")
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """An amount of each quota resource; ``None``: unlimited (or, for a limit, none)."""
+
+    cpu: int | None = None
+    memory_mib: int | None = None
+    disk_gib: int | None = None
+    gpus: int | None = None
+    instances: int | None = None
+
+    def values(self) -> tuple[int | None, ...]:
+        """In :data:`QUOTA_RESOURCES` order."""
+        return (self.cpu, self.memory_mib, self.disk_gib, self.gpus, self.instances)
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            name: value
+            for name, value in zip(QUOTA_RESOURCES, self.values(), strict=True)
+            if value is not None
+        }
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """Who owns pools: their nominal quota, fair-sharing weight, and cohort (Kueue's
+    ClusterQueue, docs/interface.md "Tenants")."""
+
+    name: str
+    pools: tuple[PoolName, ...]
+    quota: Quota = Quota()
+    weight: int = 1
+    cohort: str | None = None
+    #: how far above its nominal quota it may borrow from its cohort (``None``: as far
+    #: as the cohort lends)
+    borrowing_limit: Quota | None = None
+    #: how much of its nominal quota its cohort may borrow (``None``: all of it)
+    lending_limit: Quota | None = None
+    seq: int = 0
+
+
 class MigMode(enum.StrEnum):
     DISABLED = "disabled"
     ENABLED = "enabled"

@@ -11,7 +11,7 @@ victim capacity, then the host name.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from reconciler.core.frozen import fast_init
@@ -49,14 +49,26 @@ def _ready_counts(state: State) -> dict[PoolName, int]:
     return {pool: len(ids) for pool, ids in state.pool_ready.items()}
 
 
-def _ordered_candidates(state: State, host: Host, ready: dict[PoolName, int]) -> list[Lease]:
+def _ordered_candidates(
+    state: State,
+    host: Host,
+    ready: dict[PoolName, int],
+    eligible: Callable[[Lease], bool] | None = None,
+) -> list[Lease]:
     def key(lease: Lease) -> tuple[int, int, int, str]:
         pool = state.pools.get(lease.pool)
         priority = pool.priority if pool else 0
         min_ready = pool.warm.min_ready if pool else 0
         return (priority, -(ready.get(lease.pool, 0) - min_ready), -lease.ready_seq, lease.lease_id)
 
-    return sorted((le for le in state.active_on_host(host.name) if is_idle_ready(le)), key=key)
+    return sorted(
+        (
+            le
+            for le in state.active_on_host(host.name)
+            if is_idle_ready(le) and (eligible is None or eligible(le))
+        ),
+        key=key,
+    )
 
 
 def _victims_on_host(
@@ -66,11 +78,12 @@ def _victims_on_host(
     demand: Resources,
     claims: Sequence[ResolvedClaim],
     ready: dict[PoolName, int],
+    eligible: Callable[[Lease], bool] | None = None,
 ) -> Preemption | None:
     remaining = dict(ready)
     taken: list[Lease] = []
     fit: HostFit | None = None
-    for lease in _ordered_candidates(state, host, ready):
+    for lease in _ordered_candidates(state, host, ready, eligible):
         owner = state.pools.get(lease.pool)
         if (
             owner is not None
@@ -102,14 +115,18 @@ def choose_victims(
     demand: Resources,
     claims: Sequence[ResolvedClaim],
     hosts: Sequence[HostFit],
+    *,
+    eligible: Callable[[Lease], bool] | None = None,
 ) -> Preemption | None:
-    """The best preemption over the hosts that failed only on capacity, or None."""
+    """The best preemption over the hosts that failed only on capacity, or None;
+    ``eligible``: which idle warm VMs may be taken (all, by default)."""
     ready = _ready_counts(state)
     options = [
         option
         for hf in hosts
         if hf.fit is Fit.CAPACITY
-        and (option := _victims_on_host(state, hf.host, pool, demand, claims, ready)) is not None
+        and (option := _victims_on_host(state, hf.host, pool, demand, claims, ready, eligible))
+        is not None
     ]
     if not options:
         return None

@@ -26,6 +26,7 @@ import orjson
 from reconciler.core import inputs as ev
 from reconciler.core.configs import CONFIG_KINDS, diff_payloads
 from reconciler.core.fold.config import plan_change
+from reconciler.core.fold.queue import ordered, tenant_of
 from reconciler.core.model import (
     ClaimSpec,
     ClassName,
@@ -47,6 +48,7 @@ from reconciler.core.placement import (
 from reconciler.core.runtime import effective_runtime, is_stale
 from reconciler.core.state import DecisionRecord, State
 from reconciler.core.status import host_status, pool_status
+from reconciler.core.waiting import iso_ms
 
 
 class QueryError(Exception):
@@ -223,6 +225,41 @@ def config_check(state: State, change: ev.ApplyConfig) -> dict[str, Any]:
     return {"ok": all(r.error is None for r in results), "items": items}
 
 
+def queue(state: State, request: Mapping[str, Any]) -> dict[str, Any]:
+    """The waiting requests in the order they would be admitted (:mod:`reconciler.core.
+    waiting`): all, or those of one ``pool`` or one ``tenant``; ``position`` is each
+    one's place in its pool's queue, 1-based."""
+    pool, tenant = request.get("pool"), request.get("tenant")
+    for key, value in (("pool", pool), ("tenant", tenant)):
+        if value is not None and (not isinstance(value, str) or not value or len(value) > 128):
+            raise QueryError("invalid", f"{key!r} must be a name")
+    positions: dict[PoolName, int] = {}
+    requests: list[dict[str, Any]] = []
+    for entry in ordered(state):
+        position = positions[entry.pool] = positions.get(entry.pool, 0) + 1
+        tenant_name = tenant_of(state, entry.pool)
+        if (pool is not None and entry.pool != pool) or (
+            tenant is not None and tenant_name != tenant
+        ):
+            continue
+        requests.append(
+            {
+                "request_id": entry.request_id,
+                "pool": entry.pool,
+                "tenant": tenant_name,
+                "position": position,
+                "reason": entry.reason,
+                "queued_at": entry.queued_at,
+                "deadline": iso_ms(entry.deadline_ms),
+                "instance": entry.instance,
+                "kind": entry.kind.value,
+                "verb": entry.verb,
+                "overtaken": entry.passed,
+            }
+        )
+    return {"requests": requests}
+
+
 def _shown(value: Any) -> Any:
     """A payload's value as JSON carries it; a field one side lacks is ``null``."""
     return value if isinstance(value, str | int | float | bool | list | dict) else None
@@ -365,6 +402,7 @@ QUERIES: dict[str, Callable[[State, Mapping[str, Any]], Any]] = {
     "config": config,
     "fleet": fleet,
     "decisions": decisions,
+    "queue": queue,
 }
 #: the queries a replica answers itself: ``health`` (runtime facts) and ``config-check``
 #: (its items decoded against their schemas first, then :func:`config_check`)

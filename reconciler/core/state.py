@@ -41,7 +41,9 @@ from reconciler.core.model import (
     PoolName,
     RequestId,
     ResourceClass,
+    Tenant,
 )
+from reconciler.core.waiting import WaitIndex, Waiting
 
 _K = TypeVar("_K", bound=str)
 
@@ -166,6 +168,14 @@ class Effects:
     jobs: set[JobId] = field(default_factory=set)
     #: pools whose warm VM could not be created or started (the top-up backs off)
     failed_pools: set[PoolName] = field(default_factory=set)
+    #: requests that began or stopped waiting, or whose queue entry changed (its row)
+    waiting: set[RequestId] = field(default_factory=set)
+    #: tenants whose config changed (their rows)
+    tenants: set[str] = field(default_factory=set)
+    #: how waits ended (metrics): ``(how, pool, waited ms)``, how being ``admitted``,
+    #: ``timed-out``, ``cancelled`` or ``refused``; and admissions that did not wait
+    waits_ended: list[tuple[str, PoolName, int]] = field(default_factory=list)
+    admitted_at_once: int = 0
     #: input kinds recorded but ignored (stale revisions, no-op events), for logs
     notes: list[tuple[int, str]] = field(default_factory=list)
     #: every decision written: (verb, outcome, reason or ``None``), for the metrics;
@@ -189,6 +199,10 @@ class Effects:
         self.decisions |= other.decisions
         self.jobs |= other.jobs
         self.failed_pools |= other.failed_pools
+        self.waiting |= other.waiting
+        self.tenants |= other.tenants
+        self.waits_ended.extend(other.waits_ended)
+        self.admitted_at_once += other.admitted_at_once
         self.notes.extend(other.notes)
         self.verdicts.extend(other.verdicts)
         self.warm_claims.extend(other.warm_claims)
@@ -214,6 +228,10 @@ class State:
     #: keeps them forever. Configuration, not state: every replica and every replay of
     #: one stream must fold with the same value (``--decision-retention``).
     decision_retention_s: int | None = None
+    #: requests waiting for room (reconciler.core.waiting), by request id
+    waiting: dict[RequestId, Waiting] = field(default_factory=dict)
+    #: tenants (config), by name
+    tenants: dict[str, Tenant] = field(default_factory=dict)
 
     # ---- derived (not persisted; rebuilt from the above by reindex) ----
     #: instance -> its latest lease
@@ -244,6 +262,11 @@ class State:
     candidates: CandidateIndex = field(default_factory=CandidateIndex)
     #: what retention will evict, by the second it was decided or released
     expiry: ExpiryIndex = field(default_factory=ExpiryIndex)
+    #: the waiting requests by lane, deadline, instance and pool
+    queue: WaitIndex = field(default_factory=WaitIndex)
+    #: pool -> [cpu, memory_mib, disk_gib, gpus] booked by its active leases (tenants'
+    #: usage; its instances are ``pool_booking``)
+    pool_used: dict[PoolName, list[int]] = field(default_factory=dict)
 
     def reindex(self) -> None:
         self.by_instance = {}
@@ -252,6 +275,7 @@ class State:
         self.booked = {}
         self.gpus_held = {}
         self.pool_booking = {}
+        self.pool_used = {}
         self.pool_warm_unclaimed = {}
         self.pool_ready = {}
         self.pool_booting = {}
@@ -265,6 +289,7 @@ class State:
         for lease in sorted(self.leases.values(), key=lambda le: (le.admitted_seq, le.lease_id)):
             self.by_instance[lease.instance] = lease.lease_id
             self._count(lease, +1)
+        self.queue = WaitIndex.of(self.waiting)
 
     def put_host(self, host: Host) -> None:
         if host.name not in self.hosts:
@@ -319,6 +344,13 @@ class State:
                     held.pop(ix, None)
         pool = lease.pool
         self.pool_booking[pool] = self.pool_booking.get(pool, 0) + sign
+        used = self.pool_used.get(pool)
+        if used is None:
+            used = self.pool_used[pool] = [0, 0, 0, 0]
+        used[0] += sign * d.cpu
+        used[1] += sign * d.memory_mib
+        used[2] += sign * d.disk_gib
+        used[3] += sign * len(gpus)
 
     def _count_pool(self, lease: Lease, sign: int) -> None:
         """An active lease's share of its pool's counts and warm indexes, which follow

@@ -16,17 +16,30 @@ Rules:
   warm VMs reserved or created (not yet ready, not waiting at a launch gate);
   ``claimed`` = claimed or injected; ``pending_requests`` = preemptible admissions waiting
   at their launch gate.
+- The admission queue (:func:`queue_status`) and the tenants' usage against their quota
+  (:func:`tenant_status`) are what ``reconciler status`` shows besides.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from reconciler.core.model import HostName, PoolName
+from reconciler.core.fold.queue import current_shares, ordered, tenant_of
+from reconciler.core.model import QUOTA_RESOURCES, HostName, PoolName
 from reconciler.core.placement import booking
 from reconciler.core.state import POOL_COUNTS, State
+from reconciler.core.tenants import usage
+from reconciler.core.waiting import Waiting, iso_ms
 
-__all__ = ["failed_leases", "host_status", "pool_status", "warm_deficit", "with_warm_claims"]
+__all__ = [
+    "failed_leases",
+    "host_status",
+    "pool_status",
+    "queue_status",
+    "tenant_status",
+    "warm_deficit",
+    "with_warm_claims",
+]
 
 
 def host_status(state: State, name: HostName, *, as_of_seq: int) -> dict[str, Any] | None:
@@ -118,3 +131,50 @@ def failed_leases(state: State) -> list[dict[str, Any]]:
         }
         for le in faulted
     ]
+
+
+def queue_status(state: State) -> list[dict[str, Any]]:
+    """Each pool's admission queue, pools with a waiting request only: how many wait,
+    the first in line (its request id, reason and when it was queued) and the earliest
+    deadline."""
+    first: dict[PoolName, Waiting] = {}
+    earliest: dict[PoolName, int] = {}
+    for entry in ordered(state):
+        first.setdefault(entry.pool, entry)
+        earliest[entry.pool] = min(earliest.get(entry.pool, entry.deadline_ms), entry.deadline_ms)
+    return [
+        {
+            "pool": pool,
+            "tenant": tenant_of(state, pool),
+            "waiting": state.queue.per_pool.get(pool, 0),
+            "head": head.request_id,
+            "head_reason": head.reason,
+            "head_queued_at": head.queued_at,
+            "earliest_deadline": iso_ms(earliest[pool]),
+        }
+        for pool, head in sorted(first.items())
+    ]
+
+
+def tenant_status(state: State) -> list[dict[str, Any]]:
+    """Each tenant's usage against its nominal quota (``None``: unlimited), weight,
+    cohort, weighted dominant-resource share and waiting requests."""
+    by_pool = current_shares(state)
+    rows = []
+    for name in sorted(state.tenants):
+        tenant = state.tenants[name]
+        used = usage(state, tenant)
+        quota = tenant.quota.values()
+        rows.append(
+            {
+                "tenant": name,
+                "pools": list(tenant.pools),
+                "usage": dict(zip(QUOTA_RESOURCES, used, strict=True)),
+                "quota": dict(zip(QUOTA_RESOURCES, quota, strict=True)),
+                "weight": tenant.weight,
+                "cohort": tenant.cohort,
+                "share": round(by_pool.get(tenant.pools[0], 0.0), 6) if tenant.pools else 0.0,
+                "waiting": sum(state.queue.per_pool.get(p, 0) for p in tenant.pools),
+            }
+        )
+    return rows

@@ -50,12 +50,14 @@ def _replica(fleet: Fleet, replica: str) -> Permissions:
         why=(
             f"reconciler run --replica {replica}: folds {n.in_stream} through its own "
             f"consumer {consumer}, publishes {n.out_stream} while it leads, answers "
-            "queries; its warm-pool top-ups, expiries and live checks go back in as inputs"
+            "queries; its warm-pool top-ups, expiries, queue timeouts and live checks go back "
+            "in as inputs"
         ),
         publish=(
             s.outputs,
             s.command("admit"),
             s.command("release"),
+            s.command("queue-timeout"),
             s.host_input("*", "observation"),
             f"$JS.API.STREAM.INFO.{n.in_stream}",
             f"$JS.API.STREAM.INFO.{n.out_stream}",

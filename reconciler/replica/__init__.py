@@ -9,12 +9,14 @@ leader's work.
 - The leader's work: :mod:`.outbox_publisher` (the outbox onto the bus),
   :mod:`.status_reporter` (host and pool status), :mod:`.topup` (warm pools kept at
   their minimum), :mod:`.verify` (suspect leases checked live),
-  :mod:`.reservation_reaper` (cold reservations never created, released), and
+  :mod:`.reservation_reaper` (cold reservations never created, released),
+  :mod:`.queue_timer` (waits whose deadline passed, noticed on an idle bus), and
   :mod:`.snapshot_bucket` (the state published as snapshots, and a new replica started
   from one).
 - :mod:`.query_responder`: ``<prefix>.query.*`` answered from the synced state.
 - :mod:`.metrics`: Prometheus and health endpoints; :mod:`.fleet_metrics`: the fleet
-  as metrics (capacity, pools, decisions, warm claims, waits).
+  as metrics (capacity, pools, decisions, warm claims, waits); :mod:`.queue_stats`: the
+  admission queue's counters.
 
 Layer rules: imports :mod:`reconciler.work`, :mod:`reconciler.observe`, the adapters
 (store, bus, incus) and the core below them; never another program's package (bridge,

@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
-from prometheus_client.core import Metric
+from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from reconciler.core.fold.queue import tenant_of
 from reconciler.core.state import State
 from reconciler.observe.endpoints import (
     MetricsServer,
@@ -28,10 +29,47 @@ from reconciler.observe.endpoints import (
     counter,
     gauge,
     labelled_counter,
+    labelled_gauge,
 )
 from reconciler.replica.fleet_metrics import FleetWatch, fleet_families
+from reconciler.replica.queue_stats import ENDINGS, WAIT_BUCKETS, QueueStats
 
-__all__ = ["RuntimeCollector", "RuntimeFacts", "replica_metrics_server"]
+__all__ = ["RuntimeCollector", "RuntimeFacts", "queue_families", "replica_metrics_server"]
+
+
+def queue_families(stats: QueueStats, state: State | None) -> Iterator[Metric]:
+    """The admission queue's metric families: depth by pool and tenant (from the
+    state), requests by how they ended, and the histogram of time queued."""
+    depth = (
+        sorted(
+            ((pool, tenant_of(state, pool) or ""), n) for pool, n in state.queue.per_pool.items()
+        )
+        if state is not None
+        else []
+    )
+    yield labelled_gauge(
+        "rc_queue_depth",
+        "Requests waiting in the admission queue, by pool and tenant",
+        ["pool", "tenant"],
+        (([pool, tenant], n) for (pool, tenant), n in depth),
+    )
+    yield labelled_counter(
+        "rc_queue_requests",
+        "Admission requests by how they ended: at-once (admitted without waiting), "
+        "after-waiting, timed-out, cancelled, refused (while waiting)",
+        ["ended"],
+        (([how], stats.ended[how]) for how in ENDINGS),
+    )
+    cumulative, running = [], 0
+    for bound, n in zip((*map(str, WAIT_BUCKETS), "+Inf"), stats.buckets, strict=True):
+        running += n
+        cumulative.append((bound, running))
+    yield HistogramMetricFamily(
+        "rc_queue_wait_seconds",
+        "Time requests spent in the admission queue (message time), by how long",
+        buckets=cumulative,
+        sum_value=stats.wait_sum,
+    )
 
 
 class RuntimeFacts(Protocol):
@@ -79,6 +117,9 @@ class RuntimeCollector(Collector):
             yield from fleet_families(state, per_host=self.per_host)
         if fleet is not None:
             yield from fleet.families()
+        queue = f.get("queue")
+        if isinstance(queue, QueueStats):
+            yield from queue_families(queue, state)
 
 
 def replica_metrics_server(

@@ -55,6 +55,8 @@ from reconciler.replica.leader import LeaderElection, Leadership
 from reconciler.replica.outbox_publisher import OutboxPublisher
 from reconciler.replica.pipeline import Pipeline
 from reconciler.replica.query_responder import QueryResponder
+from reconciler.replica.queue_stats import QueueStats
+from reconciler.replica.queue_timer import QueueTimer
 from reconciler.replica.reservation_reaper import (
     DEFAULT_JOURNAL_RETENTION_S,
     DEFAULT_RESERVATION_TIMEOUT_S,
@@ -177,6 +179,8 @@ class Replica:
         self.collector: StateCollector | None = None
         self.election: LeaderElection | None = None
         self.queries: QueryResponder | None = None
+        #: the admission queue's counters (every replica folds, so every replica counts)
+        self.queue_metrics = QueueStats()
         self.metrics: MetricsServer | None = None  # aiohttp, loaded only when asked for
         #: the fleet's counters and histograms (kept whether metrics are served or not)
         self.fleet: FleetWatch | None = None
@@ -284,6 +288,7 @@ class Replica:
             pipeline.add_listener(collector.notify)
         self.fleet = FleetWatch(state=lambda: pipeline.state, warm_claims=await store.warm_claims())
         pipeline.add_listener(self.fleet.notify)
+        pipeline.add_listener(self.queue_metrics.notify)
         self.election = LeaderElection(
             js, bucket=self.names.leader_bucket, holder=cfg.replica, ttl_s=cfg.leader_ttl_s
         )
@@ -401,6 +406,7 @@ class Replica:
             timeout_s=cfg.reservation_timeout_s,
             interval_s=cfg.status_progress_interval_s,
         )
+        queue_timer = QueueTimer(pipeline=pipeline, js=js, prefix=cfg.prefix)
         verifier = SuspectVerifier(
             pipeline=pipeline,
             js=js,
@@ -433,6 +439,7 @@ class Replica:
                 pipeline.add_listener(warm.notify)
                 pipeline.add_listener(verifier.notify)
                 pipeline.add_listener(reaper.notify)
+                pipeline.add_listener(queue_timer.notify)
                 tg.start_soon(reporter.run, name="status")
                 commands = anyio.CancelScope()
 
@@ -442,6 +449,7 @@ class Replica:
                             issuers.start_soon(warm.run, name="warm-pools")
                             issuers.start_soon(verifier.run, name="verify")
                             issuers.start_soon(reaper.run, name="reservations")
+                            issuers.start_soon(queue_timer.run, name="queue-timer")
 
                 if not self._stopping:  # elected while stopping: only publish
                     self._commands = commands
@@ -458,6 +466,7 @@ class Replica:
             pipeline.remove_listener(warm.notify)
             pipeline.remove_listener(verifier.notify)
             pipeline.remove_listener(reaper.notify)
+            pipeline.remove_listener(queue_timer.notify)
             self._published += publisher.published
             self._status_published += reporter.published
             self._publisher = self._reporter = None
@@ -582,4 +591,5 @@ class Replica:
             "status": self._status_published + (reporter.published if reporter else 0),
             "queries": self.queries.answered if self.queries else 0,
             "restarts": pipeline.consumer.restarts if pipeline else 0,
+            "queue": self.queue_metrics,
         }

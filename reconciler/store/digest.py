@@ -96,4 +96,18 @@ def state_digest(
     update(b"[released_at]\n")
     for lease_id in sorted(state.released_at):
         update(f"{lease_id}={state.released_at[lease_id]}\n".encode())
+    # the queue and the tenants only when there are any: a state that never had them
+    # keeps its digest
+    optional: tuple[tuple[bytes, Mapping[Any, Any]], ...] = (
+        (b"[waiting]\n", state.waiting),
+        (b"[tenants]\n", state.tenants),
+    )
+    for header, rows in optional:
+        if rows:
+            update(header)
+            for key in sorted(rows):
+                update(key.encode())
+                update(b"=")
+                update(encode(rows[key]))
+                update(b"\n")
     return h.hexdigest()

@@ -173,6 +173,14 @@ _V6 = (
     )""",
 )
 
+_V7 = (
+    # the admission queue (reconciler.core.waiting): one row per waiting request, its
+    # entity's encoding, until it is admitted, times out or is cancelled
+    "CREATE TABLE waiting (name TEXT PRIMARY KEY, data TEXT NOT NULL)",
+    # tenants (config kind tenant): their pools, quotas, weights and cohorts
+    "CREATE TABLE tenants (name TEXT PRIMARY KEY, data TEXT NOT NULL)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "entities, journal, outbox, position", _V1),
     Migration(2, "audit indexes; append-only journal triggers", _V2),
@@ -180,6 +188,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "outbox by batch; fewer lease indexes", _V4),
     Migration(5, "retention: decision and release times, journal time and pruning", _V5),
     Migration(6, "warm claims per pool (the warm hit ratio)", _V6),
+    Migration(7, "the admission queue and tenants", _V7),
 )
 
 #: the schema version this code writes

@@ -13,7 +13,9 @@ Format (one JSON value per line, UTF-8):
   request_id, verb, phase, lease_id, payload, final_at]`` (``payload`` as a string,
   ``final_at`` the second it became final, from which retention counts),
   ``["jobs", job, lease_id]``, ``["released_at", lease_id, second]`` for each released
-  lease retention still keeps, and ``["outbox", input_seq, blob]`` (base64) for the
+  lease retention still keeps, ``["waiting", request_id, entity]`` and ``["tenants",
+  name, entity]`` (only when there are any, as in the digest: the admission queue and
+  the tenants), and ``["outbox", input_seq, blob]`` (base64) for the
   outputs not yet published at ``applied_seq`` (so a replica restored from it can publish
   them, should it lead).
 
@@ -60,8 +62,10 @@ from reconciler.core.model import (
     Pool,
     RequestId,
     ResourceClass,
+    Tenant,
 )
 from reconciler.core.state import DecisionRecord, Effects, State
+from reconciler.core.waiting import Waiting
 from reconciler.store.codec import CodecError, from_builtins
 from reconciler.store.digest import state_digest
 from reconciler.store.sqlite import _UPSERT_JOB, Batch, encode_batch
@@ -90,6 +94,11 @@ _ENTITIES: tuple[tuple[str, str, str, type[Any]], ...] = (
     ("profiles", "gpu_profiles", "profiles", GpuProfile),
     ("policies", "gpu_policies", "policies", GpuPolicy),
 )
+
+
+#: tables (snapshot table = SQLite table = ``State`` attribute) in the digest and the
+#: snapshot only when they hold rows, in digest order
+_OPTIONAL = ("waiting", "tenants")
 
 
 class SnapshotError(ValueError):
@@ -222,6 +231,15 @@ def write_snapshot(conn: sqlite3.Connection, sink: BinaryIO) -> Snapshot:
         for lease_id, released_at in conn.execute(sql):
             h.update(f"{lease_id}={released_at}\n".encode())
             lines.append(dumps(["released_at", lease_id, released_at]))
+        # the queue and the tenants only when there are any (older digests hold)
+        for name in _OPTIONAL:
+            rows = conn.execute(f"SELECT name, data FROM {name} ORDER BY name").fetchall()
+            if rows:
+                h.update(b"[%s]\n" % name.encode())
+            for key, data in rows:
+                raw = data.encode() if isinstance(data, str) else bytes(data)
+                h.update(key.encode() + b"=" + raw + b"\n")
+                lines.append(b'["' + name.encode() + b'",' + dumps(key) + b"," + raw + b"]")
         sql = "SELECT input_seq, outputs FROM outbox_batches WHERE input_seq > ? ORDER BY input_seq"
         for input_seq, blob in conn.execute(sql, (published,)):
             lines.append(dumps(["outbox", input_seq, base64.b64encode(bytes(blob)).decode()]))
@@ -289,6 +307,8 @@ def _decode(data: bytes) -> DecodedSnapshot:
     state = State(applied_seq=applied)
     classes = {name: (attr, cls) for name, _, attr, cls in _ENTITIES}
     classes["leases"] = ("leases", Lease)
+    classes["waiting"] = ("waiting", Waiting)
+    classes["tenants"] = ("tenants", Tenant)
     out = DecodedSnapshot(state=state, published_seq=published, digest=digest)
     for number, line in enumerate(lines[1:], start=2):
         try:
@@ -378,6 +398,8 @@ def restore_batch(snapshot: DecodedSnapshot) -> Batch:
         policies=set(state.policies),
         leases=set(state.leases),
         decisions=set(state.decisions),
+        waiting=set(state.waiting),
+        tenants=set(state.tenants),
     )
     batch = encode_batch(state, fx, applied_seq=state.applied_seq)
     writes = list(batch.writes)

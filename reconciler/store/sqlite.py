@@ -41,8 +41,10 @@ from reconciler.core.model import (
     Pool,
     RequestId,
     ResourceClass,
+    Tenant,
 )
 from reconciler.core.state import DecisionRecord, Effects, State
+from reconciler.core.waiting import Waiting
 from reconciler.store.codec import CodecError, decode, encode
 from reconciler.store.database import Database, check_worker_api, create_private
 from reconciler.store.errors import StoreError
@@ -67,6 +69,8 @@ _NAMED: tuple[tuple[str, str, str, type[Any]], ...] = (
     ("classes", "classes", "classes", ResourceClass),
     ("profiles", "profiles", "gpu_profiles", GpuProfile),
     ("policies", "policies", "gpu_policies", GpuPolicy),
+    ("waiting", "waiting", "waiting", Waiting),
+    ("tenants", "tenants", "tenants", Tenant),
 )
 
 _UPSERT_NAMED = (

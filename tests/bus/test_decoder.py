@@ -75,8 +75,16 @@ EXPECTED_TYPE: dict[str, type] = {
     "cmd.cordon": ev.Cordon,
     "cmd.uncordon": ev.Uncordon,
     "cmd.drain": ev.Drain,
+    "cmd.queue-timeout": ev.QueueTimeout,
+    "config.tenant": ev.TenantConfig,
 }
-_TOKEN_FIELD = {"host": "host", "pool": "pool", "class": "class", "name": "name"}
+_TOKEN_FIELD = {
+    "host": "host",
+    "pool": "pool",
+    "class": "class",
+    "name": "name",
+    "tenant": "tenant",
+}
 
 
 def schema_of(kind: str) -> dict[str, Any]:
@@ -352,7 +360,8 @@ def test_config_with_an_unknown_field_is_refused_by_name(kind: str, i: int, payl
     refused = result.input
     assert isinstance(refused, ev.RefusedConfig)
     assert refused.kind == kind.removeprefix("config.")
-    assert refused.name == payload.get("pool", payload.get("class", payload.get("name")))
+    named = payload.get("tenant", payload.get("pool", payload.get("class", payload.get("name"))))
+    assert refused.name == named
     assert "unknown field" in refused.error and "the schema names no such field" in refused.error
 
 

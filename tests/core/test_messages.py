@@ -99,6 +99,7 @@ def test_input_subjects_by_family() -> None:
         "rc.in.config.class.n",
         "rc.in.config.gpu-profile.n",
         "rc.in.config.gpu-policy.n",
+        "rc.in.config.tenant.n",
     ]
     assert rc.command("admit-preemptible") == "rc.in.cmd.admit-preemptible"
     assert set(COMMAND_VERBS) >= {"admit", "claim-warm", "release", "mark-created"}

@@ -392,6 +392,28 @@ def test_config_check_says_what_apply_would_do_field_by_field() -> None:
     assert fleet.state.pools[PoolName("a")].warm.min_ready == 1
 
 
+def test_the_queue_query_lists_waiting_requests_in_admission_order() -> None:
+    from reconciler.core.queries import queue
+    from tests.support.builders import Fleet, admit, pool, snapshot
+
+    f = Fleet()
+    f.send(snapshot("h1", cpu=4), pool("low"), pool("high", priority=5))
+    f.send(admit("a1", "low", "vm-1"), admit("a2", "low", "vm-2"))
+    f.send(admit("l1", "low", "vm-3", wait_s=60), admit("l2", "low", "vm-4", wait_s=60))
+    f.send(admit("h1", "high", "vm-5", wait_s=30))
+    every = queue(f.state, {})["requests"]
+    assert [(r["request_id"], r["pool"], r["position"]) for r in every] == [
+        ("h1", "high", 1),
+        ("l1", "low", 1),
+        ("l2", "low", 2),
+    ]
+    assert every[0]["tenant"] is None and every[0]["reason"] == "insufficient-capacity"
+    assert every[0]["queued_at"] == "2026-12-02T10:00:08Z"
+    assert every[0]["deadline"] == "2026-12-02T10:00:38.000Z"
+    assert [r["request_id"] for r in queue(f.state, {"pool": "low"})["requests"]] == ["l1", "l2"]
+    assert queue(f.state, {"tenant": "nobody"})["requests"] == []
+
+
 # =========================================================================== fleet
 
 

@@ -139,6 +139,10 @@ def test_each_user_may_use_only_its_own_consumers() -> None:
     assert list(perms) == ["admin", "r1", "r2", "bridge", "executor", "producer"]
     r1 = " ".join(perms["r1"].publish)
     assert "RC_IN-r1" in r1 and "RC_IN-r2" not in r1
+    # the leader's own commands: top-ups, expiries, and the queue's timeouts
+    assert {"rc.in.cmd.admit", "rc.in.cmd.release", "rc.in.cmd.queue-timeout"} <= set(
+        perms["r1"].publish
+    )
     assert perms["r1"].subscribe == ("_INBOX.r1.>", "rc.query.* rc-query")
     assert perms["r1"].allow_responses and not perms["producer"].allow_responses
     executor = perms["executor"].publish

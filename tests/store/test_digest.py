@@ -88,3 +88,38 @@ async def test_a_decoded_snapshot_keeps_its_lease_encodings(tmp_path: Path) -> N
         assert data == encode(lease)
         assert sys.getsizeof(data) < len(data) + 64  # a bytes of its own size
     assert state_digest(decoded.state, known=encodings) == snapshot.digest
+
+
+def queued_state() -> State:
+    fleet = b.Fleet()
+    fleet.send(b.snapshot("h1", cpu=4), b.pool("p"))
+    fleet.send(b.admit("a1", "p", "vm-1"), b.admit("a2", "p", "vm-2"))
+    fleet.send(b.admit("q1", "p", "vm-3", wait_s=60), b.admit("q2", "p", "vm-4", wait_s=60))
+    assert len(fleet.state.waiting) == 2
+    return fleet.state
+
+
+async def test_waiting_requests_survive_the_store_and_a_snapshot(tmp_path: Path) -> None:
+    state = queued_state()
+    whole = DecodedSnapshot(state=state, published_seq=0, digest="")
+    async with await Store.open(tmp_path / "rc.db") as store:
+        assert await store.write(restore_batch(whole))
+        snapshot = await store.call(read_snapshot, "read snapshot")
+        loaded = await store.load_state()
+    assert snapshot.digest == state_digest(state) == state_digest(loaded)
+    assert loaded.waiting == state.waiting
+    assert loaded.queue.per_pool == state.queue.per_pool == {"p": 2}
+    decoded = decode_snapshot(snapshot.data)
+    assert decoded.state.waiting == state.waiting
+
+
+def test_a_state_that_never_queued_keeps_its_digest() -> None:
+    """The queue's section is in the digest only while something waits."""
+    state = queued_state()
+    with_queue = state_digest(state)
+    waiting = dict(state.waiting)
+    state.waiting.clear()
+    without = state_digest(state)
+    assert with_queue != without
+    assert b"[waiting]" not in without.encode()
+    state.waiting.update(waiting)

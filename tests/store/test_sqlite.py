@@ -828,3 +828,21 @@ async def test_the_store_deletes_what_the_fold_evicted(tmp_path: Path) -> None:
     msg = Message(seq=run.seq + 1, timestamp="2026-12-02T11:00:00Z", input=message(1, item).input)
     assert out_tuples(fold(loaded, msg)) == out_tuples(fold(run.state, msg))
     assert state_digest(loaded) == state_digest(run.state)
+
+
+async def test_the_queue_is_written_as_it_changes(tmp_path: Path) -> None:
+    """A request queued, then admitted: its row is written, then deleted, with the
+    batch that queued or admitted it."""
+    fleet = b.Fleet()
+    async with await Store.open(tmp_path / "rc.db") as store:
+        fx = fleet.send(snapshot("h1", cpu=4), pool("p"), admit("a1", "p", "i1"))
+        fx.extend(fleet.send(admit("a2", "p", "i2"), admit("q", "p", "i3", wait_s=60)))
+        assert await commit(store, fleet.state, fx, applied_seq=fleet.state.applied_seq)
+        loaded = await store.load_state()
+        assert list(loaded.waiting) == ["q"]
+        assert state_digest(loaded) == state_digest(fleet.state)
+        fx = fleet.send(cmd("release", "r1", instance="i1"))
+        assert await commit(store, fleet.state, fx, applied_seq=fleet.state.applied_seq)
+        loaded = await store.load_state()
+    assert not loaded.waiting
+    assert state_digest(loaded) == state_digest(fleet.state)

@@ -153,8 +153,11 @@ def pool(
     claims: list[dict[str, Any]] | None = None,
     project: str = "default",
     instance_type: str | None = None,
+    wait_s: int | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    extra = {} if instance_type is None else {"instance_type": instance_type}
+    extra: dict[str, Any] = {} if instance_type is None else {"instance_type": instance_type}
+    if wait_s is not None:
+        extra["queue"] = {"wait_s": wait_s}
     return "config.pool", {
         "v": 1,
         "pool": name,

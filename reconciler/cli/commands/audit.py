@@ -249,10 +249,11 @@ def _text_lines(
                 )
             else:
                 why = f" ({e['reason']})" if "reason" in e else ""
+                place = f" #{e['position']} in line" if "position" in e else ""
                 detail = f": {e['detail']}" if "detail" in e else ""
                 lines.append(
                     f"             decision {e['verb']} {e['request_id']} {e['phase']} "
-                    f"{e['outcome']}{why}{detail}"
+                    f"{e['outcome']}{why}{place}{detail}"
                 )
     return lines
 

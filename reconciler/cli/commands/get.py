@@ -1,6 +1,6 @@
 """``reconciler get KIND [NAME]``: the config in force, as a file ``apply`` accepts back.
 
-KIND is ``pools``, ``classes``, ``gpu-profiles`` or ``gpu-policies`` (a new kind of
+KIND is ``pools``, ``classes``, ``gpu-profiles``, ``gpu-policies`` or ``tenants`` (a new kind of
 config is one entry of :data:`reconciler.core.configs.CONFIG_KINDS`). A synced replica
 answers (the ``config`` query); the items are printed as YAML, each ``kind`` first, or
 with ``--json`` as a JSON array of the same items. ``reconciler get pools > f.yaml``,

@@ -17,7 +17,14 @@ import orjson
 
 from reconciler.cli.options import db_option, oneshot_log_options
 from reconciler.core.model import HostName, PoolName
-from reconciler.core.status import failed_leases, host_status, pool_status, with_warm_claims
+from reconciler.core.status import (
+    failed_leases,
+    host_status,
+    pool_status,
+    queue_status,
+    tenant_status,
+    with_warm_claims,
+)
 from reconciler.store.errors import StoreError
 from reconciler.store.sqlite import Store
 
@@ -36,10 +43,18 @@ async def overview_lines(db: Path, *, as_json: bool = False) -> list[str]:
         if (row := pool_status(state, PoolName(p), as_of_seq=seq)) is not None
     ]
     failures = failed_leases(state)
+    queues, tenants = queue_status(state), tenant_status(state)
     if as_json:
+        tables = (
+            ("host", hosts),
+            ("pool", pools),
+            ("failure", failures),
+            ("queue", queues),
+            ("tenant", tenants),
+        )
         return [
             orjson.dumps({"type": kind, **row}).decode()
-            for kind, rows in (("host", hosts), ("pool", pools), ("failure", failures))
+            for kind, rows in tables
             for row in rows
             if row is not None
         ]
@@ -60,6 +75,12 @@ async def overview_lines(db: Path, *, as_json: bool = False) -> list[str]:
     for row in pools:
         if row is not None:
             lines.append(_pool_line(row))
+    if queues:
+        lines += ["", f"{'QUEUE (pool)':<20} {'TENANT':<12} {'WAITING':>7}  FIRST IN LINE"]
+        lines += [_queue_line(row) for row in queues]
+    if tenants:
+        lines += ["", f"{'TENANT':<20} {'WEIGHT':>6} {'SHARE':>7} {'WAITING':>7}  USAGE/QUOTA"]
+        lines += [_tenant_line(row) for row in tenants]
     if failures:
         shown = failures[:_FAILURES_SHOWN]
         more = len(failures) - len(shown)
@@ -119,6 +140,27 @@ def _hit_ratio(row: dict[str, Any]) -> str:
     if not total:
         return "-"
     return f"{claims['hit_ratio']:.0%} ({claims['claimed']}/{total})"
+
+
+def _queue_line(row: dict[str, Any]) -> str:
+    return (
+        f"{row['pool']:<20} {row['tenant'] or '-':<12} {row['waiting']:>7}  "
+        f"{row['head']} ({row['head_reason']}, queued {row['head_queued_at']}); "
+        f"first deadline {row['earliest_deadline']}"
+    )
+
+
+def _tenant_line(row: dict[str, Any]) -> str:
+    quota = row["quota"]
+    parts = [
+        f"{name} {used}/{'-' if quota[name] is None else quota[name]}"
+        for name, used in row["usage"].items()
+    ]
+    cohort = f" cohort {row['cohort']}" if row["cohort"] else ""
+    return (
+        f"{row['tenant']:<20} {row['weight']:>6} {row['share']:>7.3f} {row['waiting']:>7}  "
+        f"{', '.join(parts)}{cohort}"
+    )
 
 
 def _pool_line(row: dict[str, Any]) -> str:

@@ -12,6 +12,9 @@ request ids, and every choice ends in a total order on names. A message at or be
 - :mod:`.config`: pools, resource classes, GPU profiles and policies, one at a time or
   as one ``apply-config`` change;
 - :mod:`.commands`: admit, claim-warm, drains, the mark-* commands, release, render-runtime;
+- :mod:`.admission`: what an admission checks and books, at once or after waiting;
+- :mod:`.queue`: requests that wait for room (the admission queue): queued, tried
+  again after every input that may free room, timed out on message time, cancelled;
 - :mod:`.gates`: the launch gate of a preemptible admission, which host inputs and
   releases open;
 - :mod:`.step`: the message being folded and the moves the parts make through it.
@@ -29,7 +32,7 @@ from collections.abc import Callable
 from typing import Any, get_args
 
 from reconciler.core import inputs as ev
-from reconciler.core.fold import commands, config, hosts
+from reconciler.core.fold import commands, config, hosts, queue
 from reconciler.core.fold.step import OutputTooLarge, Step
 from reconciler.core.retention import evict_expired
 from reconciler.core.state import Effects, State
@@ -77,11 +80,15 @@ def fold_input(state: State, seq: int, timestamp: str, item: ev.Input, fx: Effec
             evict_expired(state, now, fx)
     if handler is None:  # pragma: no cover - every input type is registered
         raise TypeError(f"no handler for {type(item).__name__}")
+    if state.waiting:  # waits end on message time, before the input is looked at
+        queue.expire_due(step)
     # a set lookup on the exact type rather than isinstance() against the Command union
     if type(item) in _COMMANDS and item.request_id in state.decisions:  # type: ignore[union-attr]
         step.republish(item.request_id)  # type: ignore[union-attr]
     else:
         handler(step, item)
+        if state.waiting and type(item) not in queue.NO_ROOM_FREED:
+            queue.pump(step)
     state.applied_seq = seq
     return fx
 
@@ -99,6 +106,7 @@ _HANDLERS: dict[type, Callable[[Step, Any], None]] = {
     ev.ClassConfig: config.on_class,
     ev.GpuProfileConfig: config.on_gpu_profile,
     ev.GpuPolicyConfig: config.on_gpu_policy,
+    ev.TenantConfig: config.on_tenant,
     ev.RefusedConfig: config.on_refused_config,
     ev.Admit: commands.on_admit,
     ev.ClaimWarm: commands.on_claim_warm,
@@ -112,4 +120,5 @@ _HANDLERS: dict[type, Callable[[Step, Any], None]] = {
     ev.Cordon: hosts.on_cordon,
     ev.Uncordon: hosts.on_uncordon,
     ev.Drain: hosts.on_drain_host,
+    ev.QueueTimeout: queue.on_queue_timeout,
 }

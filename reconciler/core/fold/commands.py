@@ -12,7 +12,20 @@ its decision again before it reaches this module (:func:`reconciler.core.fold.fo
 from __future__ import annotations
 
 from reconciler.core import inputs as ev
+from reconciler.core.fold.admission import pool_at_max, reserve
 from reconciler.core.fold.gates import held_by, release
+from reconciler.core.fold.queue import (
+    cancel,
+    curable,
+    enqueue,
+    kept_for_queue,
+    lane_waits,
+    overtakes,
+    reclaim,
+    starving_hold,
+    tenant_refusal,
+    wait_of,
+)
 from reconciler.core.fold.step import Step
 from reconciler.core.model import (
     CLAIMED,
@@ -26,8 +39,6 @@ from reconciler.core.model import (
     Host,
     HostName,
     Lease,
-    LeaseId,
-    LeaseKind,
     LeaseState,
     Pool,
     ResolvedClaim,
@@ -72,7 +83,10 @@ def on_admit(step: Step, cmd: ev.Admit) -> None:
             detail=f"no pool named {cmd.pool!r}",
         )
         return
-    existing = step.state.lease_of_instance(cmd.instance)
+    state = step.state
+    # wait_of(), its common case (no wait anywhere) first
+    wait_s = wait_of(cmd, pool) if cmd.wait_s or pool.queue_wait_s else 0
+    existing = state.lease_of_instance(cmd.instance)
     if existing is not None and existing.state is not RELEASED:
         step.decide(
             cmd.request_id,
@@ -82,111 +96,117 @@ def on_admit(step: Step, cmd: ev.Admit) -> None:
             detail=f"{cmd.instance!r} already holds lease {existing.lease_id}",
         )
         return
-    bound = step.state.jobs.get(cmd.job) if cmd.job is not None else None
+    if state.waiting and cmd.instance in state.queue.by_instance:
+        step.decide(
+            cmd.request_id,
+            verb,
+            "rejected",
+            reason="duplicate-instance",
+            detail=f"{cmd.instance!r} waits in the queue as request "
+            f"{state.queue.by_instance[cmd.instance]}",
+        )
+        return
+    bound = state.jobs.get(cmd.job) if cmd.job is not None else None
     if bound is not None:
         step.decide(
             cmd.request_id,
             verb,
             "rejected",
             reason="already-claimed",
-            detail=f"job {cmd.job!r} is bound to {step.state.leases[bound].instance!r}",
+            detail=f"job {cmd.job!r} is bound to {state.leases[bound].instance!r}",
         )
         return
-    at_max = _pool_at_max(step, pool, cmd.kind)
+    if wait_s:
+        ahead = lane_waits(state, cmd)
+        if ahead is not None and enqueue(
+            step, cmd, verb, wait_s, ahead.reason, f"waits behind {ahead.request_id}"
+        ):
+            return
+    at_max = pool_at_max(state, pool, cmd.kind)
     if at_max is not None:
+        if wait_s and enqueue(step, cmd, verb, wait_s, "pool-at-max", at_max):
+            return
         step.decide(cmd.request_id, verb, "rejected", reason="pool-at-max", detail=at_max)
         return
     claims: list[ResolvedClaim] = []
     if pool.claims or cmd.claims:  # most requests have none to merge and resolve
         try:
-            claims = resolve_claims(step.state, merge_claims(pool, cmd.claims))
+            claims = resolve_claims(state, merge_claims(pool, cmd.claims))
         except ClaimError as exc:
             detail = str(exc)
             step.decide(cmd.request_id, verb, "rejected", reason="invalid-claim", detail=detail)
             return
-    result = choose_host(step.state, pool, pool.flavor, claims, selected=cmd.host)
+    if state.tenants:
+        refusal = tenant_refusal(state, pool, claims)
+        if refusal is not None:
+            if wait_s and enqueue(step, cmd, verb, wait_s, "tenant-quota", refusal):
+                return
+            step.decide(cmd.request_id, verb, "rejected", reason="tenant-quota", detail=refusal)
+            return
+    result = choose_host(state, pool, pool.flavor, claims, selected=cmd.host)
     if not isinstance(result, PlacementResult):
         host, gpus = result
-        lease = _reserve(step, cmd, verb, pool, host, gpus)
+        if state.waiting and _held_for_queue(step, cmd, verb, pool, host, wait_s):
+            return
+        lease = reserve(step, cmd, verb, pool, host, gpus)
         step.decide(cmd.request_id, verb, "admitted", lease=lease)
+        step.fx.admitted_at_once += 1
         if lease.kind is WARM:
             step.exec_create(lease, pool, host)
         return
     assert result.reason is not None
     if cmd.preemptible and result.reason in _PREEMPTIBLE_REASONS:
         capacity_hosts = capacity_bound(
-            step.state,
+            state,
             pool,
             pool.flavor,
             claims,
             [cmd.host] if cmd.host is not None else _hosts_with_idle_warm(step),
         )
-        preemption = choose_victims(step.state, pool, pool.flavor, claims, capacity_hosts)
+        preemption = choose_victims(state, pool, pool.flavor, claims, capacity_hosts)
         if preemption is not None:
             fit = preemption.fit
             _preempt(step, cmd, verb, pool, fit.host, fit.gpus, preemption.victims)
             return
-    step.decide(
-        cmd.request_id,
-        verb,
-        "rejected",
-        reason=result.reason,
-        detail=_rejection_detail(result, cmd),
-    )
+    detail = _rejection_detail(result, cmd)
+    if (
+        wait_s
+        and curable(result, result.reason)
+        and enqueue(step, cmd, verb, wait_s, result.reason, detail)
+    ):
+        if state.tenants and result.reason == "insufficient-capacity":
+            reclaim(step, state.waiting[cmd.request_id], pool, claims)
+        return
+    step.decide(cmd.request_id, verb, "rejected", reason=result.reason, detail=detail)
+
+
+def _held_for_queue(
+    step: Step, cmd: ev.Admit, verb: str, pool: Pool, host: Host, wait_s: int
+) -> bool:
+    """While requests wait, whether an admission that fits ``host`` is held back for
+    them (queued, or refused without a wait): a warm VM is, where a waiting request of
+    its priority or higher could use the host; any request is, where one overtaken
+    BACKFILL_LIMIT times could. Otherwise it goes ahead, counted as overtaking those
+    that could use the host (:mod:`reconciler.core.waiting`, backfill)."""
+    if cmd.kind is WARM:
+        kept = kept_for_queue(step, pool, host)
+        held = f"room on {host.name} is kept for {kept} queued request(s)" if kept else None
+    elif wait_s and starving_hold(step.state, pool, host):
+        held = f"room on {host.name} is kept for a queued request overtaken too often"
+    else:
+        overtakes(step, pool, host, warm=False)
+        return False
+    if held is None:
+        return False
+    if wait_s and enqueue(step, cmd, verb, wait_s, "insufficient-capacity", held):
+        return True
+    step.decide(cmd.request_id, verb, "rejected", reason="insufficient-capacity", detail=held)
+    return True
 
 
 def _hosts_with_idle_warm(step: Step) -> set[HostName]:
     leases = step.state.leases
     return {leases[i].host for ids in step.state.pool_ready.values() for i in ids}
-
-
-def _pool_at_max(step: Step, pool: Pool, kind: LeaseKind) -> str | None:
-    booking_count = step.state.pool_booking.get(pool.name, 0)
-    if booking_count >= pool.max_instances:
-        return f"pool {pool.name!r} has {booking_count} of max_instances {pool.max_instances}"
-    warm = step.state.pool_warm_unclaimed.get(pool.name, 0)
-    if kind is WARM and warm >= pool.warm.max_ready:
-        return (
-            f"pool {pool.name!r} has {warm} unclaimed warm VMs of max_ready {pool.warm.max_ready}"
-        )
-    return None
-
-
-def _reserve(
-    step: Step,
-    cmd: ev.Admit,
-    verb: str,
-    pool: Pool,
-    host: Host,
-    gpus: tuple[int, ...],
-    *,
-    gate: tuple[LeaseId, ...] | None = None,
-) -> Lease:
-    basis = runtime_basis(step.state, host)
-    lease = Lease(
-        lease_id=LeaseId(f"L{step.seq}"),
-        instance=cmd.instance,
-        host=host.name,
-        host_uid=host.uid,
-        pool=pool.name,
-        kind=cmd.kind,
-        state=RESERVED,
-        demand=pool.flavor,
-        gpus=gpus,
-        project=pool.project,
-        job=cmd.job,
-        request_id=cmd.request_id,
-        admitted_seq=step.seq,
-        gate_seq=step.seq if gate is not None else None,
-        awaiting_victims=gate or (),
-        runtime_gpu_revision=basis[0],
-        runtime_profile=basis[1],
-        runtime_profile_revision=basis[2],
-    )
-    step.create(lease, verb)
-    if cmd.job is not None:
-        step.state.jobs[cmd.job] = lease.lease_id
-    return lease
 
 
 def _preempt(
@@ -202,7 +222,7 @@ def _preempt(
         marked = step.move(victim, VICTIM, "preempted", victim_of=cmd.request_id)
         step.exec_delete(marked, "preempted")
     gate = tuple(v.lease_id for v in victims)
-    lease = _reserve(step, cmd, verb, pool, host, gpus, gate=gate)
+    lease = reserve(step, cmd, verb, pool, host, gpus, gate=gate)
     held, held_gpus = held_by(step, gate)
     lease = step.move(lease, lease.state, "victims-held", held=held, held_gpus=held_gpus)
     step.decide(cmd.request_id, verb, "pending", phase="pending", lease=lease, victims=victims)
@@ -327,6 +347,10 @@ def on_mark_deleting(step: Step, cmd: ev.MarkDeleting) -> None:
 
 
 def on_release(step: Step, cmd: ev.Release) -> None:
+    cancelled = cancel(step, cmd.instance) if step.state.waiting else None
+    if cancelled is not None:
+        step.decide(cmd.request_id, cmd.verb, "ok", detail=f"cancelled waiting request {cancelled}")
+        return
     lease = step.state.lease_of_instance(cmd.instance)
     if lease is not None:
         release(step, lease, cmd.verb)

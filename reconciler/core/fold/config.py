@@ -45,6 +45,7 @@ __all__ = [
     "on_gpu_profile",
     "on_pool",
     "on_refused_config",
+    "on_tenant",
     "plan_change",
 ]
 
@@ -73,6 +74,10 @@ def on_gpu_profile(step: Step, cfg: ev.GpuProfileConfig) -> None:
 
 def on_gpu_policy(step: Step, cfg: ev.GpuPolicyConfig) -> None:
     _single(step, CONFIG_KINDS["gpu-policy"], cfg.name, cfg)
+
+
+def on_tenant(step: Step, cfg: ev.TenantConfig) -> None:
+    _single(step, CONFIG_KINDS["tenant"], cfg.tenant, cfg)
 
 
 def on_refused_config(step: Step, refused: ev.RefusedConfig) -> None:

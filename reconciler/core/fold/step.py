@@ -100,6 +100,7 @@ class Step:
         lease: Lease | None = None,
         victims: Iterable[Lease] | None = None,
         items: Iterable[ItemResult] | None = None,
+        position: int | None = None,
     ) -> None:
         if detail is not None and len(detail) > MAX_ERROR_CHARS:
             detail = clip(detail)  # a decision's size stays bounded
@@ -115,6 +116,7 @@ class Step:
             lease_payload(lease) if lease is not None else None,
             [victim_payload(v) for v in victims] if victims is not None else None,
             [i.as_dict() for i in items] if items is not None else None,
+            position,
         )
         if len(out.payload) > MAX_OUTPUT_BYTES:
             raise OutputTooLarge(

@@ -106,6 +106,7 @@ def decision_output(
     lease: dict[str, object] | None,
     victims: list[dict[str, object]] | None,
     items: list[dict[str, object]] | None = None,
+    position: int | None = None,
 ) -> Output:
     """One decision as the fold publishes it: ``lease`` and ``victims`` as built by
     :func:`lease_payload` and :func:`victim_payload`, ``items`` (a config change's) by
@@ -121,6 +122,8 @@ def decision_output(
         payload["lease"] = lease
     payload["outcome"] = outcome
     payload["phase"] = phase
+    if position is not None:
+        payload["position"] = position
     if reason is not None:
         payload["reason"] = reason
     payload["request_id"] = request_id
@@ -285,6 +288,9 @@ class Decision:
     victims: tuple[Victim, ...] | None = None
     #: an ``apply-config`` change's items (an addition; ``None`` for other verbs)
     items: tuple[ItemResult, ...] | None = None
+    #: a queued request's place in its pool's queue, 1-based (an addition; ``None``
+    #: unless ``outcome`` is ``queued``)
+    position: int | None = None
 
     @property
     def final(self) -> bool:
@@ -313,6 +319,7 @@ class Decision:
             None if self.lease is None else self.lease.as_dict(),
             None if self.victims is None else [v.as_dict() for v in self.victims],
             None if self.items is None else [i.as_dict() for i in self.items],
+            self.position,
         )
 
     def encode(self) -> bytes:
@@ -352,4 +359,5 @@ class Decision:
             items=None
             if items is None
             else tuple(ItemResult.from_dict(i) for i in field_objects(body, "items")),
+            position=None if body.get("position") is None else field_int(body, "position"),
         )

@@ -171,7 +171,7 @@ class Subjects:
         return f"{self._head}in.host.{host}.{kind}"
 
     def config_input(self, kind: str, name: str) -> str:
-        """``in.config.<kind>.<name>`` (kind: pool, class, gpu-profile, gpu-policy)."""
+        """``in.config.<kind>.<name>`` (kind: pool, class, gpu-profile, gpu-policy, tenant)."""
         return f"{self._head}in.config.{kind}.{name}"
 
     def command(self, verb: str) -> str:

@@ -1,4 +1,5 @@
-"""``reconciler status``: the warm hit ratio per pool, from the claims a store counted."""
+"""``reconciler status``: the warm hit ratio per pool, from the claims a store counted;
+the admission queue and the tenants' usage against their quota (issue 26)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import anyio
 import orjson
 from click.testing import CliRunner
 
+from reconciler.cli.commands.status import overview_lines
 from reconciler.cli.main import cli
 from reconciler.core.fold import fold
 from reconciler.core.state import Effects, State
+from reconciler.store.snapshot_format import DecodedSnapshot, restore_batch
 from reconciler.store.sqlite import Store, encode_batch
 from tests.support import builders as b
-from tests.support.builders import message
+from tests.support.builders import Fleet, admit, message, pool, snapshot
 
 
 async def write_store(db: Path) -> None:
@@ -57,3 +60,23 @@ def test_status_shows_each_pools_warm_hit_ratio(tmp_path: Path) -> None:
         "ml": {"claimed": 0, "no_warm": 0, "hit_ratio": None},
         "web": {"claimed": 2, "no_warm": 1, "hit_ratio": 0.6667},
     }
+
+
+async def test_status_shows_queues_and_tenants(tmp_path: Path) -> None:
+    f = Fleet()
+    f.send(snapshot("h1", cpu=4), pool("p"))
+    f.send(("config.tenant", {"v": 1, "tenant": "team", "pools": ["p"], "quota": {"cpu": 8}}))
+    f.send(admit("a1", "p", "vm-1"), admit("a2", "p", "vm-2"))
+    f.send(admit("q1", "p", "vm-3", wait_s=60), admit("q2", "p", "vm-4", wait_s=60))
+    db = tmp_path / "rc.db"
+    async with await Store.open(db) as store:
+        assert await store.write(restore_batch(DecodedSnapshot(f.state, 0, "")))
+    text = "\n".join(await overview_lines(db))
+    assert "QUEUE (pool)" in text
+    assert "p                    team               2  q1 (insufficient-capacity" in text
+    assert "cpu 4/8" in text and "instances 2/-" in text
+    rows = [orjson.loads(line) for line in await overview_lines(db, as_json=True)]
+    (queue,) = [r for r in rows if r["type"] == "queue"]
+    assert (queue["pool"], queue["waiting"], queue["head"]) == ("p", 2, "q1")
+    (tenant,) = [r for r in rows if r["type"] == "tenant"]
+    assert tenant["usage"]["cpu"] == 4 and tenant["quota"]["cpu"] == 8
