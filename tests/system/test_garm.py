@@ -86,9 +86,15 @@ async def leases(bus: BusClient, pool: str | None = None) -> list[dict[str, Any]
     return found
 
 
+def queue_wait(seconds: int) -> str:
+    """The provider's config lines for a create that waits ``seconds`` in the queue
+    (``bootstrap_timeout - boot_time``; 0: refused at once, as before queues)."""
+    return f"bootstrap_timeout = {300 + seconds}\nboot_time = 300"
+
+
 @contextlib.asynccontextmanager
 async def world(
-    nc: Client, nats_url: str, tmp_path: Path, *, hosts: int = 1, **pools: Any
+    nc: Client, nats_url: str, tmp_path: Path, *, hosts: int = 1, wait_s: int = 0, **pools: Any
 ) -> AsyncIterator[World]:
     bus = BusClient(nc)
     async with sim_fleet(hosts) as fleet, whole_system(nats_url, tmp_path, fleet, bus) as replica:
@@ -99,6 +105,7 @@ async def world(
             nats_url=nats_url,
             hosts=fleet.endpoints,
             pools={"small": COLD, "warm": WARM, "big": "ci-big"},
+            extra=queue_wait(wait_s),
         )
         yield World(fleet, bus, Garm(config), replica)
 
@@ -310,6 +317,7 @@ async def test_list_after_a_restart_of_everything(
             nats_url=nats_url,
             hosts=fleet.endpoints,
             pools={"small": COLD, "warm": WARM},
+            extra=queue_wait(0),
         )
         garm = Garm(config)
         async with whole_system(nats_url, tmp_path, fleet, bus) as replica:
