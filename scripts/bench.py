@@ -137,7 +137,7 @@ from reconciler.core.model import JobId, LeaseState, PoolName  # noqa: E402
 from reconciler.core.state import State  # noqa: E402
 from tests.support import builders as b  # noqa: E402
 
-PHASES = ("throughput", "latency", "rss", "fleet", "snapshot", "soak")
+PHASES = ("throughput", "latency", "rss", "fleet", "snapshot", "queue", "soak")
 NATS_BINARIES = ("/usr/sbin/nats-server", "/usr/local/bin/nats-server")
 FULL = {
     "messages": 100_000,
@@ -146,6 +146,7 @@ FULL = {
     "latency_seconds": 10.0,
     "leases": 100_000,
     "fleet_hosts": 10_000,
+    "queued": 10_000,
 }
 QUICK = {
     "messages": 3_000,
@@ -154,6 +155,7 @@ QUICK = {
     "latency_seconds": 2.0,
     "leases": 3_000,
     "fleet_hosts": 200,
+    "queued": 1_000,
 }
 #: the targets (docs/performance.md, "Targets"); see ``targets``
 TARGET_RATIO = 0.6
@@ -168,6 +170,9 @@ TARGET_SOAK_BYTES = 50.0
 TARGET_SOAK_COMMANDS = 1_000_000
 TARGET_FLEET_HOSTS = 10_000
 TARGET_SNAPSHOT_RATIO = 0.9
+#: the queue phase (issue 26): requests waiting, and releases a second that admit them
+TARGET_QUEUED = 10_000
+TARGET_QUEUE_RELEASE_RATE = 1000.0
 #: replays of the snapshot phase, each between two bare reads; the figure is the median
 SNAPSHOT_ROUNDS = 3
 #: fleet utilisation (booked vCPU / allocatable vCPU) above which the workload releases
@@ -202,6 +207,7 @@ class Options:
     leases: int
     fleet_hosts: int
     skip: frozenset[str]
+    queued: int = 10_000
     quick: bool
     seed: int
     log_level: str
@@ -227,11 +233,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     )
     parser.add_argument("--fleet-hosts", type=int, help="hosts of the fleet phase (10000)")
     parser.add_argument(
+        "--queued", type=int, help="requests waiting in the queue phase (10000; releases at --rate)"
+    )
+    parser.add_argument(
         "--skip",
         action="append",
         default=[],
         metavar="PHASE",
-        help="skip a phase: throughput, latency, rss, fleet, snapshot (repeat or comma-separate)",
+        help="skip a phase: throughput, latency, rss, fleet, snapshot, queue (repeat or "
+        "comma-separate)",
     )
     parser.add_argument(
         "--soak",
@@ -282,6 +292,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         latency_seconds=float(pick("latency_seconds")),
         leases=int(pick("leases")),
         fleet_hosts=int(pick("fleet_hosts")),
+        queued=int(pick("queued")),
         skip=skip,
         quick=args.quick,
         seed=args.seed,
@@ -1534,6 +1545,123 @@ async def _replay_from_snapshot(
     }
 
 
+# ========================================================================== queue phase
+
+
+def queue_workload(prefix: str, queued: int) -> tuple[Workload, list[Input]]:
+    """Setup: hosts with room for ``queued`` 1-vCPU VMs exactly, filled by as many
+    admissions; then ``queued`` admissions that wait (``wait_s`` an hour). The releases
+    of the fillers, one by one, each admit the next waiting request (one lane, FIFO)."""
+    per_host = 1000
+    hosts = max(1, -(-queued // per_host))
+    setup: list[Item] = [
+        b.snapshot(
+            f"qhost-{h:03d}",
+            cpu=per_host + 2,
+            memory_mib=1 << 30,
+            disk_gib=1 << 20,
+            reserve=b.res(2, 0, 0),
+        )
+        for h in range(hosts)
+    ]
+    room = hosts * per_host
+    setup.append(b.pool("q", cpu=1, memory_mib=0, disk_gib=0, max_instances=room + queued + 1))
+    fill = [b.admit(f"f{i}", "q", f"fill-{i:06d}") for i in range(room)]
+    waiting = [b.admit(f"q{i}", "q", f"wait-{i:06d}", wait_s=3600) for i in range(queued)]
+    releases = [b.cmd("release", f"x{i}", instance=f"fill-{i:06d}") for i in range(queued)]
+
+    def encode(item: Item) -> Input:
+        return Input(
+            b.subject_of(item, prefix=prefix), orjson.dumps(item[1]), item[1].get("request_id")
+        )
+
+    return (
+        Workload([encode(i) for i in [*setup, *fill]], [encode(i) for i in waiting]),
+        [encode(i) for i in releases],
+    )
+
+
+async def queue_phase(ctx: Context) -> dict[str, Any]:
+    """``--queued`` requests waiting, then releases at ``--rate`` a second: the latency of
+    each admission decision (release sent to the waiting request's final decision
+    received), and the reconciler's peak RSS."""
+    opts, js = ctx.opts, ctx.js
+    names = StreamNames.for_prefix("bq")
+    load, releases = queue_workload(names.prefix, opts.queued)
+    await ensure_streams(js, names)
+    preload = load.all
+    await publish_all(js, preload, within_s=120 + len(preload) / 500)
+    arrivals: dict[str, float] = {}
+    sent: dict[str, float] = {}
+    head = names.subjects.absolute(DECISION_HEAD)
+
+    async def on_decision(msg: Msg) -> None:
+        if b'"phase":"final"' in msg.data:
+            arrivals.setdefault(msg.subject[len(head) :], time.perf_counter())
+
+    proc = new_reconciler(ctx, names.prefix)
+    async with running(proc):
+        await wait_applied(ctx, proc, len(preload), within_s=120 + len(preload) / 200)
+        await asyncio.sleep(1.0)
+        waiting_rss = proc.memory_mib()
+        sub = await ctx.nc.subscribe(names.subjects.decisions, cb=on_decision)
+        await ctx.nc.flush()
+        log(f"queue: {opts.queued} waiting; releases at {opts.rate:g}/s, open loop")
+        gc.collect()
+        gc.freeze()
+        try:
+            futures: list[asyncio.Future[api.PubAck]] = []
+            start = time.perf_counter() + 0.05
+            lag = 0.0
+            for k, item in enumerate(releases):
+                due = start + k / opts.rate
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                lag = max(lag, time.perf_counter() - due)
+                sent[f"q{k}"] = time.perf_counter()
+                futures.append(
+                    await js.publish_async(item.subject, item.data, headers=item.headers)
+                )
+            send_seconds = time.perf_counter() - start
+            await asyncio.wait_for(asyncio.gather(*futures), timeout=60)
+
+            async def all_arrived() -> bool:
+                return all(r in arrivals for r in sent)
+
+            await wait_until(proc, "every admission", all_arrived, within_s=120, every_s=0.05)
+        finally:
+            gc.unfreeze()
+        await sub.unsubscribe()
+        held = proc.memory_mib()
+    samples = sorted((arrivals[r] - sent[r]) * 1000 for r in sent)
+    # where the slow ones were: the p99 of each second of the run, by second
+    by_second: dict[int, list[float]] = {}
+    for r, at in sent.items():
+        by_second.setdefault(int(at - start), []).append((arrivals[r] - at) * 1000)
+    p99_by_second = [round(percentile(sorted(v), 0.99), 1) for _, v in sorted(by_second.items())]
+    return {
+        "queue_latency_ms": {
+            "p50": round(percentile(samples, 0.50), 2),
+            "p90": round(percentile(samples, 0.90), 2),
+            "p99": round(percentile(samples, 0.99), 2),
+            "max": round(samples[-1], 2),
+        },
+        "queue": {
+            "queued": opts.queued,
+            "releases": len(releases),
+            "offered_rate_per_s": opts.rate,
+            "achieved_rate_per_s": round(len(releases) / send_seconds, 1),
+            "send_lag_ms_max": round(lag * 1000, 2),
+            "peak_rss_mib": held["VmHWM"],
+            "rss_mib_while_waiting": waiting_rss["VmRSS"],
+            "p99_ms_by_second": p99_by_second,
+            "measures": "release published to the waiting request's final (admitted) "
+            "decision received",
+        },
+    }
+
+
 # =============================================================================== main
 
 Phase = Callable[[Context], Awaitable[dict[str, Any]]]
@@ -1544,6 +1672,7 @@ PHASE_FUNCTIONS: dict[str, Phase] = {
     "soak": soak_phase,
     "fleet": fleet_phase,
     "snapshot": snapshot_phase,
+    "queue": queue_phase,
 }
 #: what a skipped or failed phase reports (JSON null)
 EMPTY: dict[str, dict[str, Any]] = {
@@ -1553,6 +1682,7 @@ EMPTY: dict[str, dict[str, Any]] = {
     "soak": {"soak": None},
     "fleet": {"fleet_latency_ms": None},
     "snapshot": {"snapshot_ratio": None},
+    "queue": {"queue_latency_ms": None},
 }
 
 
@@ -1641,6 +1771,14 @@ def targets(found: dict[str, Any], opts: Options) -> dict[str, dict[str, Any]]:
             and opts.fleet_hosts >= TARGET_FLEET_HOSTS
             and opts.leases >= TARGET_RSS_LEASES,
             source="issue 15",
+        ),
+        "queue_latency_p99_ms": check(
+            None if found.get("queue_latency_ms") is None else found["queue_latency_ms"]["p99"],
+            lambda v: v <= TARGET_P99_MS,
+            target=f"<= {TARGET_P99_MS:g} ms with {TARGET_QUEUED} waiting, releases at "
+            f"{TARGET_QUEUE_RELEASE_RATE:g}/s",
+            conditions_met=opts.queued >= TARGET_QUEUED and opts.rate >= TARGET_QUEUE_RELEASE_RATE,
+            source="issue 26",
         ),
         "snapshot_ratio": check(
             found.get("snapshot_ratio"),
@@ -1738,6 +1876,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "leases": opts.leases,
         "soak_commands": opts.soak_commands if opts.soak else None,
         "fleet_hosts": opts.fleet_hosts,
+        "queued": opts.queued,
         "quick": opts.quick,
         "skipped": sorted(opts.skip),
         "seed": opts.seed,

@@ -8,6 +8,8 @@
 - :mod:`.local_incus`: that private daemon (its own directory, no network, a busybox
   image whose init tells Incus it is ready, built with ``incus-ready.c``), which the
   tests start too.
+- :mod:`.fair_share`: the admission queue's fair-sharing scenario (two tenants of
+  weights 1 and 3 flooding four hosts; ``scripts/fair-share``).
 
 Layer rules: above every program (it runs them together) and below the command line;
 of the package, only the command line imports it.

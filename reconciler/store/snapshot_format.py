@@ -13,7 +13,9 @@ Format (one JSON value per line, UTF-8):
   request_id, verb, phase, lease_id, payload, final_at]`` (``payload`` as a string,
   ``final_at`` the second it became final, from which retention counts),
   ``["jobs", job, lease_id]``, ``["released_at", lease_id, second]`` for each released
-  lease retention still keeps, and ``["outbox", input_seq, blob]`` (base64) for the
+  lease retention still keeps, ``["waiting", request_id, entity]`` and ``["tenants",
+  name, entity]`` (only when there are any, as in the digest: the admission queue and
+  the tenants), and ``["outbox", input_seq, blob]`` (base64) for the
   outputs not yet published at ``applied_seq`` (so a replica restored from it can publish
   them, should it lead).
 

@@ -15,11 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler.core.fold import fold
-from reconciler.core.fold.admission import pool_at_max
-from reconciler.core.fold.queue import ordered, starving_hold
-from reconciler.core.fold.step import Step
+from reconciler.core.fold.queue import idle_fit, ordered
 from reconciler.core.model import PoolName, RequestId
-from reconciler.core.placement import PlacementResult, choose_host, merge_claims
 from reconciler.core.state import Effects, State
 from reconciler.core.waiting import BACKFILL_LIMIT, epoch_ms, iso_ms
 from reconciler.store.digest import state_digest
@@ -221,6 +218,11 @@ def _stream(script: list[Op]) -> list[tuple[str, dict[str, Any]]]:
         pool("s", cpu=1, max_instances=5),
         pool("m", cpu=2),
         pool("l", cpu=3, priority=5),
+        (
+            "config.tenant",
+            {"v": 1, "tenant": "t1", "pools": ["s"], "quota": {"cpu": 3}, "cohort": "c"},
+        ),
+        ("config.tenant", {"v": 1, "tenant": "t3", "pools": ["m"], "weight": 3, "cohort": "c"}),
     ]
     revision = 1
     for n, op in enumerate(script):
@@ -237,16 +239,7 @@ def _stream(script: list[Op]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _fits_now(state: State, request_id: RequestId) -> bool:
-    entry = state.waiting[request_id]
-    p = state.pools[entry.pool]
-    step = Step(state, state.applied_seq + 1, "2026-12-02T10:00:00Z", Effects())
-    if pool_at_max(step, p, entry.kind) is not None:
-        return False
-    assert not merge_claims(p, entry.claims)
-    found = choose_host(state, p, p.flavor, [], selected=entry.host)
-    if isinstance(found, PlacementResult):
-        return False
-    return not starving_hold(step, p, found[0])
+    return idle_fit(state, state.waiting[request_id]) is not None
 
 
 @settings(max_examples=150, deadline=None)
@@ -320,3 +313,36 @@ def test_backfill_is_bounded() -> None:
     assert f.state.waiting[RequestId("big")].passed == BACKFILL_LIMIT
     fx = f.send(cmd("release", "rx", instance="x-0"))
     assert of(fx, "big")[0]["outcome"] == "admitted"
+
+
+def test_a_waiting_request_whose_pool_is_deleted_is_refused_for_good() -> None:
+    f = fleet()
+    f.send(admit("a1", "p", "vm-1"), admit("a2", "p", "vm-2"))
+    f.send(admit("a3", "p", "vm-3", wait_s=60))
+    fx = f.send(
+        (
+            "cmd.apply-config",
+            {"v": 1, "request_id": "del", "delete": [{"kind": "pool", "name": "p"}]},
+        )
+    )
+    (ended,) = of(fx, "a3")
+    assert (ended["outcome"], ended["reason"]) == ("rejected", "unknown-pool")
+    assert not f.state.waiting
+
+
+def test_a_waiting_requests_job_bound_meanwhile_ends_it() -> None:
+    f = fleet()
+    f.send(admit("a1", "p", "vm-1"), admit("a2", "p", "vm-2"))
+    f.send(admit("a3", "p", "vm-3", wait_s=60, job="job-7"))
+    f.send(snapshot("h1", revision=2, cpu=6))  # room: a3 is admitted and binds job-7
+    f.send(admit("a4", "p", "vm-4", wait_s=60, job="job-7"))
+    (refused,) = of(f.send(admit("a5", "p", "vm-5", job="job-7")), "a5")
+    assert refused["reason"] == "already-claimed"
+
+
+def test_the_reason_a_request_waits_for_follows_what_blocks_it() -> None:
+    f = fleet(cpu=16, max_instances=2)
+    f.send(admit("a1", "p", "vm-1"), admit("a2", "p", "vm-2"))
+    assert of(f.send(admit("q", "p", "vm-3", wait_s=60)), "q")[0]["reason"] == "pool-at-max"
+    f.send(snapshot("h1", revision=2, cpu=4), pool("p", max_instances=10))
+    assert f.state.waiting[RequestId("q")].reason == "insufficient-capacity"

@@ -77,6 +77,8 @@ def describe_decision(d: dict[str, Any]) -> str:
     text = f"{d.get('phase', '?'):<7} {d.get('outcome', '?')}"
     if "reason" in d:
         text += f" ({d['reason']})"
+    if "position" in d:
+        text += f" #{d['position']} in line"
     if "detail" in d:
         text += f": {d['detail']}"
     lease = d.get("lease")

@@ -15,15 +15,16 @@ from reconciler.core.model import (
     Pool,
 )
 from reconciler.core.runtime import runtime_basis
+from reconciler.core.state import State
 
 __all__ = ["pool_at_max", "reserve"]
 
 
-def pool_at_max(step: Step, pool: Pool, kind: LeaseKind) -> str | None:
-    booking_count = step.state.pool_booking.get(pool.name, 0)
+def pool_at_max(state: State, pool: Pool, kind: LeaseKind) -> str | None:
+    booking_count = state.pool_booking.get(pool.name, 0)
     if booking_count >= pool.max_instances:
         return f"pool {pool.name!r} has {booking_count} of max_instances {pool.max_instances}"
-    warm = step.state.pool_warm_unclaimed.get(pool.name, 0)
+    warm = state.pool_warm_unclaimed.get(pool.name, 0)
     if kind is WARM and warm >= pool.warm.max_ready:
         return (
             f"pool {pool.name!r} has {warm} unclaimed warm VMs of max_ready {pool.warm.max_ready}"

@@ -122,7 +122,7 @@ def on_admit(step: Step, cmd: ev.Admit) -> None:
             step, cmd, verb, wait_s, ahead.reason, f"waits behind {ahead.request_id}"
         ):
             return
-    at_max = pool_at_max(step, pool, cmd.kind)
+    at_max = pool_at_max(state, pool, cmd.kind)
     if at_max is not None:
         if wait_s and enqueue(step, cmd, verb, wait_s, "pool-at-max", at_max):
             return
@@ -191,7 +191,7 @@ def _held_for_queue(
     if cmd.kind is WARM:
         kept = kept_for_queue(step, pool, host)
         held = f"room on {host.name} is kept for {kept} queued request(s)" if kept else None
-    elif wait_s and starving_hold(step, pool, host):
+    elif wait_s and starving_hold(step.state, pool, host):
         held = f"room on {host.name} is kept for a queued request overtaken too often"
     else:
         overtakes(step, pool, host, warm=False)

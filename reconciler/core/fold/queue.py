@@ -35,6 +35,7 @@ from reconciler.core.model import (
     RELEASED,
     WARM,
     Host,
+    HostName,
     LeaseId,
     Pool,
     PoolName,
@@ -71,6 +72,7 @@ __all__ = [
     "current_shares",
     "enqueue",
     "expire_due",
+    "idle_fit",
     "kept_for_queue",
     "lane_waits",
     "on_queue_timeout",
@@ -324,14 +326,14 @@ def pump(step: Step) -> None:
             done.add(lane)
 
 
-def _blocker(step: Step, entry: Waiting) -> _Blocked | None:
+def _blocker(state: State, entry: Waiting) -> _Blocked | None:
     """A waiting request as a blocker (``None`` when it cannot be placed anywhere)."""
-    pool = step.state.pools.get(entry.pool)
+    pool = state.pools.get(entry.pool)
     if pool is None:
         return None
     try:
         claims = (
-            resolve_claims(step.state, merge_claims(pool, entry.claims))
+            resolve_claims(state, merge_claims(pool, entry.claims))
             if pool.claims or entry.claims
             else []
         )
@@ -345,7 +347,7 @@ def _keep_waiting(step: Step, entry: Waiting, reason: str, blocked: list[_Blocke
     of its lane; ``False``, for :func:`_retry`."""
     if reason != entry.reason and reason in QUEUE_REASONS:
         entry = _replace(step, entry, reason=reason)
-    found = _blocker(step, entry)
+    found = _blocker(step.state, entry)
     if found is not None:
         blocked.append(found)
     return False
@@ -399,7 +401,7 @@ def _retry(step: Step, entry: Waiting, blocked: list[_Blocked]) -> bool:
             detail=f"job {entry.job!r} is bound to {bound.instance!r}",
         )
         return True
-    if pool_at_max(step, pool, entry.kind) is not None:
+    if pool_at_max(state, pool, entry.kind) is not None:
         return _keep_waiting(step, entry, "pool-at-max", blocked)
     claims: list[ResolvedClaim] = []
     if pool.claims or entry.claims:
@@ -488,7 +490,7 @@ def overtakes(step: Step, pool: Pool, host: Host, *, warm: bool) -> int:
         head_pool = state.pools.get(head.pool)
         if head_pool is None or head_pool.priority < pool.priority:
             continue
-        b = _blocker(step, head)
+        b = _blocker(state, head)
         if b is None or not b.could_use(state, host):
             continue
         count += 1
@@ -503,10 +505,9 @@ def kept_for_queue(step: Step, pool: Pool, host: Host) -> int:
     return overtakes(step, pool, host, warm=True)
 
 
-def starving_hold(step: Step, pool: Pool, host: Host) -> bool:
+def starving_hold(state: State, pool: Pool, host: Host) -> bool:
     """Whether a waiting request passed :data:`BACKFILL_LIMIT` times, of ``pool``'s
     priority or higher, could use ``host`` (nothing new is admitted there then)."""
-    state = step.state
     for lane in list(state.queue.lanes):
         head = state.queue.head(lane, state.waiting)
         if head is None or head.passed < BACKFILL_LIMIT:
@@ -514,7 +515,24 @@ def starving_hold(step: Step, pool: Pool, host: Host) -> bool:
         head_pool = state.pools.get(head.pool)
         if head_pool is None or head_pool.priority < pool.priority:
             continue
-        b = _blocker(step, head)
+        b = _blocker(state, head)
         if b is not None and b.could_use(state, host):
             return True
     return False
+
+
+def idle_fit(state: State, entry: Waiting) -> HostName | None:
+    """A host whose idle room ``entry`` fits now (its pool under its maximum, its tenant
+    under what it may use), unless the backfill rule keeps that room for a request
+    overtaken too often; ``None`` when there is none. After every input this is
+    ``None`` for every waiting request (what the tests and the scenario check)."""
+    pool = state.pools.get(entry.pool)
+    blocker = _blocker(state, entry)
+    if pool is None or blocker is None or pool_at_max(state, pool, entry.kind) is not None:
+        return None
+    if tenant_refusal(state, pool, blocker.claims) is not None:
+        return None
+    found = choose_host(state, pool, pool.flavor, blocker.claims, selected=entry.host)
+    if isinstance(found, PlacementResult) or starving_hold(state, pool, found[0]):
+        return None
+    return found[0].name
