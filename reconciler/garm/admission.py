@@ -85,6 +85,19 @@ class Admission:
         except Exception as exc:
             logger.warning("garm.failure_unreported", error=repr(exc), **fields)
 
+    async def waiting(self, instance: str) -> list[dict[str, Any]]:
+        """The requests waiting in the queue for ``instance``. A replica of a release
+        without queues (it does not know the query) has none waiting."""
+        try:
+            found = await self.client.query("queue", {}, within_s=self.query_timeout_s)
+        except QueryFailed as exc:
+            if exc.code == "invalid" and (exc.message or "").startswith("unknown query"):
+                return []
+            raise ProviderError(str(exc)) from None
+        except NoReplica as exc:
+            raise ProviderError(str(exc)) from None
+        return [r for r in (found or {}).get("requests", ()) if r.get("instance") == instance]
+
     async def query(self, name: str, body: dict[str, Any]) -> Any:
         """A query's ``result``; a ``not-found`` error returns ``None``."""
         try:

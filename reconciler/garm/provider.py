@@ -368,8 +368,7 @@ class Provider:
     async def _cancel_waiting(self, identifier: str) -> bool:
         """Cancel the admission of ``identifier`` (its instance name, a cold runner's
         name) that still waits in the queue: whether one did."""
-        queued = await self.bus.query("queue", {}) or {}
-        waiting = [r for r in queued.get("requests", ()) if r.get("instance") == identifier]
+        waiting = await self.bus.waiting(identifier)
         for entry in waiting:
             key = _NOT_TOKEN.sub("-", str(entry["request_id"]))
             done = await self._decide("release", {"instance": identifier}, f"garm-cancel-{key}")

@@ -94,8 +94,17 @@ def queue_wait(seconds: int) -> str:
 
 @contextlib.asynccontextmanager
 async def world(
-    nc: Client, nats_url: str, tmp_path: Path, *, hosts: int = 1, wait_s: int = 0, **pools: Any
+    nc: Client,
+    nats_url: str,
+    tmp_path: Path,
+    *,
+    hosts: int = 1,
+    wait_s: int = 0,
+    tables: str = "",
+    **pools: Any,
 ) -> AsyncIterator[World]:
+    """The system with ``pools`` (any config items) and the provider's config, whose
+    create waits ``wait_s`` in the queue; ``tables``: more TOML tables for it."""
     bus = BusClient(nc)
     async with sim_fleet(hosts) as fleet, whole_system(nats_url, tmp_path, fleet, bus) as replica:
         for item in pools.values():
@@ -105,7 +114,7 @@ async def world(
             nats_url=nats_url,
             hosts=fleet.endpoints,
             pools={"small": COLD, "warm": WARM, "big": "ci-big"},
-            extra=queue_wait(wait_s),
+            extra=queue_wait(wait_s) + "\n" + tables,
         )
         yield World(fleet, bus, Garm(config), replica)
 

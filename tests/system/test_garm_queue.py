@@ -18,6 +18,7 @@ import orjson
 import pytest
 from nats.aio.client import Client
 
+from tests.support import builders as b
 from tests.support.garm import TOKEN, Call, bootstrap
 from tests.system.test_e2e_simulated import until
 from tests.system.test_garm import COLD, World, cold_pool, instances, leases, world
@@ -143,7 +144,11 @@ async def test_creates_beyond_capacity_wait_and_are_admitted_as_runners_are_dele
             f"{'call':>4}  {'runner':<10} {'position':>8} {'waited s':>8}  "
             f"{'admitted when deleted':<21}  outcome"
         )
-        for number, name in enumerate(queued, start=CAPACITY + 1):
+        calls_in_line = sorted(
+            enumerate(queued, start=CAPACITY + 1),
+            key=lambda nn: seen.queued[admit_id(nn[1])][1]["position"],
+        )
+        for number, name in calls_in_line:  # in the order they queued
             at, pending = seen.queued[admit_id(name)]
             ended_at, final = seen.final[admit_id(name)]
             outcome = final["outcome"] + (f" ({final['reason']})" if final.get("reason") else "")
@@ -184,3 +189,75 @@ async def test_creates_beyond_capacity_wait_and_are_admitted_as_runners_are_dele
         messages = [*await w.bus.inputs(), *await w.bus.outputs()]
         assert not [t for t in texts if TOKEN in t]
         assert not [m.subject for m in messages if TOKEN.encode() in m.data]
+
+
+def tenant(name: str, pool: str) -> dict[str, Any]:
+    """A tenant of one pool that may run one instance."""
+    return {"v": 1, "tenant": name, "pools": [pool], "quota": {"instances": 1}}
+
+
+async def test_a_garm_pool_waits_under_its_tenants_quota_config_first(
+    nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    """GARM pool ``pool-a`` maps to reconciler pool ``ci-a`` (tenant ``org-a``) through the
+    provider's ``[garm_pools]``, which wins over the extra specs; ``pool-b`` maps to
+    ``ci-b`` (tenant ``org-b``) through its extra specs. Each tenant may run one runner:
+    a second one of ``org-a`` waits for ``tenant-quota`` and is admitted when the first
+    is deleted, while ``org-b``'s runs beside it."""
+    tables = '[garm_pools]\n"pool-a" = "ci-a"'
+    async with world(
+        nc,
+        nats_url,
+        tmp_path,
+        wait_s=WAIT_S,
+        tables=tables,
+        a=b.pool("ci-a", cpu=4, memory_mib=2048, disk_gib=10),
+        b=b.pool("ci-b", cpu=4, memory_mib=2048, disk_gib=10),
+    ) as w:
+        for name, pool in (("org-a", "ci-a"), ("org-b", "ci-b")):
+            await w.bus.send_raw(f"rc.in.config.tenant.{name}", orjson.dumps(tenant(name, pool)))
+
+        def runner(name: str, garm_pool: str, named: str) -> dict[str, Any]:
+            body = bootstrap(name, "small", pool_id=garm_pool)
+            body["extra_specs"]["reconciler_pool"] = named
+            return body
+
+        first = await w.garm.create(runner("garm-ta-1", "pool-a", "ci-b"))  # config wins
+        other = await w.garm.create(runner("garm-tb-1", "pool-b", "ci-b"))
+        assert first.code == 0 and other.code == 0, (first.text, other.text)
+        by_pool = {le["instance"]: le["pool"] for le in await leases(w.bus)}
+        assert by_pool == {"garm-ta-1": "ci-a", "garm-tb-1": "ci-b"}
+        assert '"pool_from":"garm_pools"' in first.stderr.decode()
+        assert '"pool_from":"extra_specs"' in other.stderr.decode()
+
+        calls: dict[str, Call] = {}
+
+        async def second() -> None:
+            calls["garm-ta-2"] = await w.garm.create(runner("garm-ta-2", "pool-a", "ci-b"))
+
+        queued = anyio.Event()
+
+        async def on_decision(_msg: Any) -> None:
+            queued.set()
+
+        sub = await nc.subscribe(f"rc.out.decision.{admit_id('garm-ta-2')}", cb=on_decision)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(second)
+            with anyio.fail_after(60):
+                await queued.wait()
+            await sub.unsubscribe()
+            reply = await w.bus.query("queue", {"tenant": "org-a"})
+            (entry,) = reply["result"]["requests"]
+            assert (entry["instance"], entry["pool"], entry["tenant"]) == (
+                "garm-ta-2",
+                "ci-a",
+                "org-a",
+            )
+            assert entry["reason"] == "tenant-quota" and entry["position"] == 1
+            assert (await w.garm.delete("garm-ta-1")).code == 0
+        assert calls["garm-ta-2"].code == 0, calls["garm-ta-2"].text
+        by_pool = {le["instance"]: le["pool"] for le in await leases(w.bus)}
+        assert by_pool == {"garm-ta-2": "ci-a", "garm-tb-1": "ci-b"}
+        for name in by_pool:
+            assert (await w.garm.delete(name)).code == 0
+        assert instances(w.fleet) == {}
