@@ -7,9 +7,10 @@ Rules:
   ``garm:<request_id>``, after subscribing to its decision subject and after reading the
   decision already stored in the OUT stream: a retried call finds what an earlier,
   killed one was answered, and a re-sent command is deduplicated.
-- A ``pending`` decision (a preemption waiting for its victims) is waited through; the
-  whole wait is bounded by ``decision_timeout``. A missing final decision is an error,
-  never a guess.
+- A ``pending`` decision (a preemption waiting for its victims, or ``queued``: the
+  request waits in its pool's queue) is waited through and logged, one line (a queued
+  one with its position and reason); the whole wait is bounded by ``decision_timeout``
+  plus the command's ``wait_s``. A missing final decision is an error, never a guess.
 - Queries retry for a short while when no replica answers or caches are not synced yet.
 - Payloads hold identities, never a secret of the bootstrap.
 """
@@ -58,18 +59,19 @@ class Admission:
     ) -> dict[str, Any]:
         """Send a command (idempotently) and return its final decision (with ``final``
         false: its first decision, pending or final)."""
+        within_s = self.decision_timeout_s + int(body.get("wait_s") or 0)
         try:
             decision = await self.client.command(
                 verb,
                 {"v": 1, "request_id": request_id, **body},
-                within_s=self.decision_timeout_s,
+                within_s=within_s,
                 first=not final,
                 on_decision=_log_pending,
             )
         except NoDecision:
             raise ProviderError(
                 f"no final decision for {verb} {request_id} within "
-                f"{self.decision_timeout_s:g} s; is `reconciler run` running?"
+                f"{within_s:g} s; is `reconciler run` running?"
             ) from None
         return decision.as_dict()
 
@@ -83,6 +85,19 @@ class Admission:
         except Exception as exc:
             logger.warning("garm.failure_unreported", error=repr(exc), **fields)
 
+    async def waiting(self, instance: str) -> list[dict[str, Any]]:
+        """The requests waiting in the queue for ``instance``. A replica of a release
+        without queues (it does not know the query) has none waiting."""
+        try:
+            found = await self.client.query("queue", {}, within_s=self.query_timeout_s)
+        except QueryFailed as exc:
+            if exc.code == "invalid" and (exc.message or "").startswith("unknown query"):
+                return []
+            raise ProviderError(str(exc)) from None
+        except NoReplica as exc:
+            raise ProviderError(str(exc)) from None
+        return [r for r in (found or {}).get("requests", ()) if r.get("instance") == instance]
+
     async def query(self, name: str, body: dict[str, Any]) -> Any:
         """A query's ``result``; a ``not-found`` error returns ``None``."""
         try:
@@ -92,7 +107,16 @@ class Admission:
 
 
 def _log_pending(decision: Decision) -> None:
-    if not decision.final:
+    if decision.final:
+        return
+    if decision.outcome == "queued":
+        logger.info(
+            "garm.queued",
+            request_id=decision.request_id,
+            position=decision.position,
+            reason=decision.reason,
+        )
+    else:
         logger.info(
             "garm.decision_pending",
             request_id=decision.request_id,

@@ -5,7 +5,9 @@ one left), and may kill a call midway. Each try is an *attempt* ``n`` (1, 2, …
 request ids and job identity derive from the name and ``n`` only, so that:
 
 - a call killed midway and run again finds the same attempt and resumes it: the same
-  request ids get the same decisions, nothing is admitted twice;
+  request ids get the same decisions, nothing is admitted twice; an admission that
+  still waits in the queue (its latest decision ``queued``) is waited for again, in
+  the place it has;
 - a retry after a released (or rejected) attempt starts attempt ``n + 1`` with fresh ids.
 
 The job identity of attempt 1 is the runner name; later attempts use ``<name>~<n>``,
@@ -88,6 +90,8 @@ async def find_attempt(bus: Decisions, name: str) -> Attempt:
             continue
         if admit is None:
             return here  # no warm VM was found: admission comes next
+        if admit.get("outcome") == "queued":
+            return here  # it still waits in the queue: wait on, in its place
         if admit.get("outcome") in ("admitted", "pending") and await _alive(bus, admit):
             return here
     raise ProviderError(f"runner {name!r} has used all {MAX_ATTEMPTS} attempts")

@@ -1,9 +1,19 @@
 """The provider's configuration file (``GARM_PROVIDER_CONFIG_FILE``), TOML.
 
 Top-level keys are the long options of the other commands with ``-`` written ``_``;
-``[incus.hosts]`` names each host's endpoint and ``[pools]`` maps GARM flavors to
-reconciler pools. Every key is checked: an unknown key or a wrong type is an error that
-names it (and never shows a secret's value).
+``[incus.hosts]`` names each host's endpoint, ``[garm_pools]`` maps GARM pool ids and
+``[pools]`` GARM flavors to reconciler pools. Every key is checked: an unknown key or a
+wrong type is an error that names it (and never shows a secret's value).
+
+Rules:
+
+- **The reconciler pool of a runner** (and so its tenant: a tenant names its pools) is,
+  first to last: ``[garm_pools]`` by the runner's GARM pool id (the operator's file
+  wins), the pool's extra specs ``reconciler_pool``, ``[pools]`` by flavor, the flavor.
+- **A create waits in the queue** ``bootstrap_timeout - boot_time`` seconds (default
+  1200 - 300 = 900): GARM gives a runner ``runner_bootstrap_timeout`` (20 minutes by
+  default) from its create to come online, and the boot (VM start, cloud-init, the
+  runner's download and registration) needs ``boot_time`` of it; 0 or less: no wait.
 """
 
 from __future__ import annotations
@@ -24,7 +34,11 @@ from reconciler.incus.endpoints import IncusEndpoint
 __all__ = ["ProviderConfig", "load_config"]
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,128}")
-_KNOWN = {*STRING_KEYS, *NUMBER_KEYS, *WAIT_KEYS, "incus_verify", "incus", "pools"}
+_KNOWN = {*STRING_KEYS, *NUMBER_KEYS, *WAIT_KEYS, "incus_verify", "incus", "pools", "garm_pools"}
+#: GARM's default ``runner_bootstrap_timeout`` (20 minutes), in seconds
+DEFAULT_BOOTSTRAP_TIMEOUT_S = 1200.0
+#: what a runner's boot needs of it by default: VM start, cloud-init, the runner
+DEFAULT_BOOT_TIME_S = 300.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,20 +49,43 @@ class ProviderConfig:
     prefix: str = "rc"
     hosts: Mapping[str, IncusEndpoint] = field(default_factory=dict)
     pools: Mapping[str, str] = field(default_factory=dict)
+    garm_pools: Mapping[str, str] = field(default_factory=dict)
     admission: str = "admit-preemptible"
     decision_timeout_s: float = 600.0
     query_timeout_s: float = 10.0
     incus_timeout_s: float = 30.0
     address_timeout_s: float = 30.0
+    bootstrap_timeout_s: float = DEFAULT_BOOTSTRAP_TIMEOUT_S
+    boot_time_s: float = DEFAULT_BOOT_TIME_S
 
-    def pool_of(self, flavor: str) -> str:
-        """The reconciler pool of a GARM flavor (the flavor itself without an entry)."""
-        pool = self.pools.get(flavor, flavor)
+    @property
+    def queue_wait_s(self) -> int:
+        """Seconds a create may wait in the queue (``wait_s`` of its admission)."""
+        return max(0, int(self.bootstrap_timeout_s - self.boot_time_s))
+
+    def pool_of(self, flavor: str, *, garm_pool: str = "", named: str | None = None) -> str:
+        """The reconciler pool of a runner of GARM pool ``garm_pool`` and ``flavor``
+        whose extra specs name ``named`` (see the module's rules)."""
+        return self.pool_source(flavor, garm_pool=garm_pool, named=named)[0]
+
+    def pool_source(
+        self, flavor: str, *, garm_pool: str = "", named: str | None = None
+    ) -> tuple[str, str]:
+        """:meth:`pool_of`, and which rule gave it (``garm_pools``, ``extra_specs``,
+        ``pools`` or ``flavor``)."""
+        if garm_pool and garm_pool in self.garm_pools:
+            pool, source = self.garm_pools[garm_pool], "garm_pools"
+        elif named is not None:
+            pool, source = named, "extra_specs"
+        elif flavor in self.pools:
+            pool, source = self.pools[flavor], "pools"
+        else:
+            pool, source = flavor, "flavor"
         if not _TOKEN.fullmatch(pool):
             raise ProviderError(
                 f"flavor {flavor!r} names no valid pool; map it under [pools] in the config"
             )
-        return pool
+        return pool, source
 
     def endpoint(self, host: str) -> IncusEndpoint:
         found = self.hosts.get(host)
@@ -126,6 +163,11 @@ def parse_config(raw: Mapping[str, Any]) -> ProviderConfig:
     pools = raw.get("pools", {})
     if not isinstance(pools, dict) or not all(isinstance(v, str) for v in pools.values()):
         raise ProviderError("config: [pools] maps GARM flavors to pool names (strings)")
+    garm_pools = raw.get("garm_pools", {})
+    if not isinstance(garm_pools, dict) or not all(
+        isinstance(v, str) and _TOKEN.fullmatch(v) for v in garm_pools.values()
+    ):
+        raise ProviderError("config: [garm_pools] maps GARM pool ids to pool names")
     admission = raw.get("admission", "admit-preemptible")
     if admission not in ADMISSION_VERBS:
         raise ProviderError(f"config: admission must be one of {', '.join(ADMISSION_VERBS)}")
@@ -161,11 +203,14 @@ def parse_config(raw: Mapping[str, Any]) -> ProviderConfig:
         prefix=prefix,
         hosts=_hosts(raw),
         pools=dict(pools),
+        garm_pools=dict(garm_pools),
         admission=admission,
         decision_timeout_s=float(raw.get("decision_timeout", 600.0)),
         query_timeout_s=float(raw.get("query_timeout", 10.0)),
         incus_timeout_s=float(raw.get("incus_timeout", 30.0)),
         address_timeout_s=float(raw.get("address_timeout", 30.0)),
+        bootstrap_timeout_s=float(raw.get("bootstrap_timeout", DEFAULT_BOOTSTRAP_TIMEOUT_S)),
+        boot_time_s=float(raw.get("boot_time", DEFAULT_BOOT_TIME_S)),
     )
 
 

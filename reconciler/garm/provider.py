@@ -8,8 +8,16 @@ Rules:
   ``mark-warm-injected``), otherwise cold (``admit-preemptible`` or ``admit``; on
   ``admitted`` the instance is created on the lease's host with cloud-init user data,
   started, and ``mark-created``). A rejection is exit 1 with its reason and detail.
+- **A cold admission waits its turn**: it carries ``wait_s`` (the config's
+  ``bootstrap_timeout - boot_time``), so a runner that does not fit now waits in its
+  pool's queue (one ``garm.queued`` line: position and reason) until it is admitted,
+  or its wait ends (``queue-timeout``, exit 1), or GARM deletes it (``cancelled``).
+- **The pool** is the reconciler pool the runner's GARM pool maps to
+  (:meth:`.config.ProviderConfig.pool_of`); the tenant is the one naming that pool.
 - **The install script is rendered first** (:mod:`.install`), before anything is
   admitted: a template that cannot be rendered fails the call and changes nothing.
+- **Delete** of a runner still waiting in the queue cancels its admission (a
+  ``release`` naming its instance: final decision ``cancelled``); nothing is created.
 - **Delete** accepts a provider id or a runner name: ``mark-deleting``, forced stop and
   delete (already gone is fine; an operation still running on the instance, such as
   the create of a call GARM killed, is waited for first), ``release``; nothing known is
@@ -123,6 +131,7 @@ class Provider:
             request_id=request_id,
             outcome=decision.get("outcome"),
             reason=decision.get("reason"),
+            detail=decision.get("detail"),
         )
         return decision
 
@@ -171,11 +180,13 @@ class Provider:
 
     async def create(self, bootstrap: Bootstrap) -> dict[str, Any]:
         script = install_script(bootstrap)  # first: a template that fails admits nothing
-        pool_name = self.config.pool_of(bootstrap.flavor)
+        pool_name, source = self.config.pool_source(
+            bootstrap.flavor, garm_pool=bootstrap.pool_id, named=bootstrap.specs.reconciler_pool
+        )
         pool = await self._pool(pool_name)
         attempt = await find_attempt(self.bus, bootstrap.name)
         log = logger.bind(runner=bootstrap.name, attempt=attempt.number, pool=pool_name)
-        log.info("garm.create")
+        log.info("garm.create", pool_from=source)
         warm = pool.get("warm") or {}
         if attempt.admit is None and (warm.get("max_ready") or warm.get("min_ready")):
             claim = attempt.claim or await self._decide(
@@ -244,6 +255,7 @@ class Provider:
                 "instance": bootstrap.name,
                 "kind": "cold",
                 "job": attempt.job,
+                "wait_s": self.config.queue_wait_s,
             }
             admit = await self._decide(self.config.admission, body, attempt.rid("admit"))
         if admit.get("outcome") != "admitted":
@@ -353,11 +365,28 @@ class Provider:
     # ----------------------------------------------------------------- delete
 
     async def delete(self, identifier: str) -> None:
+        cancelled = await self._cancel_waiting(identifier)
         found = await self.find(identifier)
-        if not found:
+        if not found and not cancelled:
             logger.info("garm.delete_unknown", identifier=identifier)
         for item in found:
             await self._delete_one(item)
+
+    async def _cancel_waiting(self, identifier: str) -> bool:
+        """Cancel the admission of ``identifier`` (its instance name, a cold runner's
+        name) that still waits in the queue: whether one did."""
+        waiting = await self.bus.waiting(identifier)
+        for entry in waiting:
+            key = _NOT_TOKEN.sub("-", str(entry["request_id"]))
+            done = await self._decide("release", {"instance": identifier}, f"garm-cancel-{key}")
+            logger.info(
+                "garm.cancelled",
+                runner=identifier,
+                request_id=entry["request_id"],
+                position=entry.get("position"),
+                detail=done.get("detail"),
+            )
+        return bool(waiting)
 
     async def _delete_one(self, item: Found) -> None:
         key = _NOT_TOKEN.sub("-", str(item.lease["lease_id"])) if item.lease else None

@@ -35,9 +35,9 @@ STRING_KEYS = (
     "incus_key",
     "admission",
 )
-NUMBER_KEYS = ("decision_timeout", "query_timeout", "incus_timeout")
+NUMBER_KEYS = ("decision_timeout", "query_timeout", "incus_timeout", "bootstrap_timeout")
 #: seconds that may be 0 (do not wait)
-WAIT_KEYS = ("address_timeout",)
+WAIT_KEYS = ("address_timeout", "boot_time")
 
 _BASE64 = {"type": "string", "contentEncoding": "base64"}
 
@@ -77,6 +77,13 @@ EXTRA_SPECS_SCHEMA: dict[str, Any] = {
             "type": "boolean",
             "description": "EnableBootDebug for the template (set -x)",
         },
+        "reconciler_pool": {
+            "type": "string",
+            "pattern": "^[A-Za-z0-9_-]{1,128}$",
+            "description": "the reconciler pool (and so the tenant naming it) this GARM pool's "
+            "runners are admitted in; the provider config's [garm_pools] entry for the "
+            "pool's id wins over it",
+        },
     },
     "additionalProperties": True,
 }
@@ -97,6 +104,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
             "additionalProperties": False,
         },
         "pools": {"type": "object", "additionalProperties": {"type": "string"}},
+        "garm_pools": {"type": "object", "additionalProperties": {"type": "string"}},
     },
     "additionalProperties": False,
 }

@@ -2,8 +2,10 @@
 
 The keys are those of GARM's provider library (``runner_install_template``,
 ``pre_install_scripts``, ``extra_context``) and of the official Incus provider
-(``disable_updates``, ``extra_packages``, ``enable_boot_debug``). Other keys are left
-alone: GARM passes a pool's extra specs through, and other tools may add their own.
+(``disable_updates``, ``extra_packages``, ``enable_boot_debug``), and this provider's
+``reconciler_pool`` (the reconciler pool, and so the tenant, of the GARM pool's
+runners). Other keys are left alone: GARM passes a pool's extra specs through, and
+other tools may add their own.
 
 Rules:
 
@@ -32,6 +34,7 @@ from reconciler.garm.errors import ProviderError
 __all__ = ["ExtraSpecs", "parse_extra_specs"]
 
 _SCRIPT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+_POOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +47,7 @@ class ExtraSpecs:
     disable_updates: bool | None = None
     extra_packages: tuple[str, ...] = ()
     enable_boot_debug: bool | None = None
+    reconciler_pool: str | None = None
 
 
 def _bytes(value: Any, what: str) -> bytes:
@@ -95,6 +99,16 @@ def _packages(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _pool(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _POOL_NAME.fullmatch(value):
+        raise ProviderError(
+            "extra_specs.reconciler_pool must be a pool name (letters, digits, '_' and '-')"
+        )
+    return value
+
+
 def parse_extra_specs(raw: Any) -> ExtraSpecs:
     """Read ``raw`` (the JSON object of a pool's extra specs, or ``None``)."""
     if raw is None:
@@ -111,4 +125,5 @@ def parse_extra_specs(raw: Any) -> ExtraSpecs:
         disable_updates=_flag(raw, "disable_updates"),
         extra_packages=_packages(raw.get("extra_packages")),
         enable_boot_debug=_flag(raw, "enable_boot_debug"),
+        reconciler_pool=_pool(raw.get("reconciler_pool")),
     )

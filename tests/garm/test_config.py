@@ -46,12 +46,44 @@ def test_the_config_file_is_read_and_checked(tmp_path: Path) -> None:
         ({"nats_password": "s3cret"}, "needs a user"),
         ({"pools": {"a": 1}}, "pool names"),
         ({"nats_url": "tls://a:4222,wss://b:443"}, "not over WebSocket"),
+        ({"garm_pools": {"0b9e": "not a pool"}}, "garm_pools"),
+        ({"bootstrap_timeout": 0}, "bootstrap_timeout"),
+        ({"boot_time": -5}, "boot_time"),
     ],
 )
 def test_a_bad_config_is_refused_naming_the_key(raw: dict[str, Any], message: str) -> None:
     with pytest.raises(ProviderError, match=message) as caught:
         parse_config(raw)
     assert "s3cret" not in caught.value.message
+
+
+def test_a_runner_waits_bootstrap_timeout_minus_boot_time() -> None:
+    """GARM's default runner_bootstrap_timeout is 20 minutes; a boot needs 5 of them by
+    default: a create waits up to 15 minutes in the queue. Nothing left: no wait."""
+    assert parse_config({}).queue_wait_s == 1200 - 300
+    assert parse_config({"bootstrap_timeout": 1800, "boot_time": 240}).queue_wait_s == 1560
+    assert parse_config({"bootstrap_timeout": 300, "boot_time": 300}).queue_wait_s == 0
+    assert parse_config({"bootstrap_timeout": 60, "boot_time": 300}).queue_wait_s == 0
+
+
+def test_a_garm_pool_maps_to_a_reconciler_pool_the_config_first() -> None:
+    """[garm_pools] by GARM pool id, then the pool's extra specs, then [pools] by
+    flavor, then the flavor: the tenant is the one that names the reconciler pool."""
+    config = parse_config(
+        {"garm_pools": {"pool-a": "team-a-small"}, "pools": {"small": "ci-small"}}
+    )
+    assert config.pool_source("small", garm_pool="pool-a", named="x") == (
+        "team-a-small",
+        "garm_pools",
+    )
+    assert config.pool_source("small", garm_pool="pool-b", named="team-b") == (
+        "team-b",
+        "extra_specs",
+    )
+    assert config.pool_source("small", garm_pool="pool-b") == ("ci-small", "pools")
+    assert config.pool_source("big", garm_pool="") == ("big", "flavor")
+    with pytest.raises(ProviderError, match="names no valid pool"):
+        config.pool_of("no such/flavor")
 
 
 def test_a_missing_or_broken_config_file_is_a_clear_error(tmp_path: Path) -> None:

@@ -23,9 +23,11 @@ def test_extra_specs_are_read_with_garms_and_the_incus_providers_keys() -> None:
             "extra_context": {"marker": "m"},
             "disable_updates": True,
             "enable_boot_debug": False,
+            "reconciler_pool": "team-a-small",
             "someone_elses": {"kept": "out of the way"},
         }
     )
+    assert specs.reconciler_pool == "team-a-small"
     assert specs.pre_install_scripts == (("01-first", b"echo one\n"), ("02-second", b"echo two\n"))
     assert specs.extra_packages == ("jq", "curl") and specs.extra_context == {"marker": "m"}
     assert specs.disable_updates is True and specs.enable_boot_debug is False
@@ -34,13 +36,20 @@ def test_extra_specs_are_read_with_garms_and_the_incus_providers_keys() -> None:
 
 def test_the_extra_specs_schema_takes_what_the_provider_takes() -> None:
     validator = jsonschema_rs.validator_for(EXTRA_SPECS_SCHEMA)
-    good = {**SPECS, "extra_context": {"a": "b"}, "disable_updates": True, "other": 1}
+    good = {
+        **SPECS,
+        "extra_context": {"a": "b"},
+        "disable_updates": True,
+        "reconciler_pool": "ci-small",
+        "other": 1,
+    }
     assert validator.is_valid(good)
     for bad in (
         {"pre_install_scripts": {"../x": "eA=="}},
         {"extra_context": {"a": 1}},
         {"extra_packages": [""]},
         {"enable_boot_debug": "yes"},
+        {"reconciler_pool": "a pool"},
     ):
         assert not validator.is_valid(bad), bad
         with pytest.raises(ProviderError):
@@ -58,6 +67,7 @@ def test_the_extra_specs_schema_takes_what_the_provider_takes() -> None:
         ({"disable_updates": "yes"}, "disable_updates must be true or false"),
         ({"extra_packages": "jq"}, "extra_packages must be a list"),
         ({"runner_install_template": 42}, "must be a base64 string"),
+        ({"reconciler_pool": ["x"]}, "reconciler_pool must be a pool name"),
         ([1], "extra specs must be a JSON object"),
     ],
 )

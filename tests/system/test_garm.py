@@ -86,10 +86,25 @@ async def leases(bus: BusClient, pool: str | None = None) -> list[dict[str, Any]
     return found
 
 
+def queue_wait(seconds: int) -> str:
+    """The provider's config lines for a create that waits ``seconds`` in the queue
+    (``bootstrap_timeout - boot_time``; 0: refused at once, as before queues)."""
+    return f"bootstrap_timeout = {300 + seconds}\nboot_time = 300"
+
+
 @contextlib.asynccontextmanager
 async def world(
-    nc: Client, nats_url: str, tmp_path: Path, *, hosts: int = 1, **pools: Any
+    nc: Client,
+    nats_url: str,
+    tmp_path: Path,
+    *,
+    hosts: int = 1,
+    wait_s: int = 0,
+    tables: str = "",
+    **pools: Any,
 ) -> AsyncIterator[World]:
+    """The system with ``pools`` (any config items) and the provider's config, whose
+    create waits ``wait_s`` in the queue; ``tables``: more TOML tables for it."""
     bus = BusClient(nc)
     async with sim_fleet(hosts) as fleet, whole_system(nats_url, tmp_path, fleet, bus) as replica:
         for item in pools.values():
@@ -99,6 +114,7 @@ async def world(
             nats_url=nats_url,
             hosts=fleet.endpoints,
             pools={"small": COLD, "warm": WARM, "big": "ci-big"},
+            extra=queue_wait(wait_s) + "\n" + tables,
         )
         yield World(fleet, bus, Garm(config), replica)
 
@@ -310,6 +326,7 @@ async def test_list_after_a_restart_of_everything(
             nats_url=nats_url,
             hosts=fleet.endpoints,
             pools={"small": COLD, "warm": WARM},
+            extra=queue_wait(0),
         )
         garm = Garm(config)
         async with whole_system(nats_url, tmp_path, fleet, bus) as replica:
