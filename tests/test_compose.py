@@ -92,7 +92,9 @@ def test_the_dashboard_shows_the_fleet_first_and_the_machinery_below() -> None:
     named = {m for p in fleet for t in p["targets"] for m in METRIC.findall(t["expr"])}
     for metric in ("rc_fleet_capacity", "rc_host_booked", "rc_pool_leases",
                    "rc_warm_claims_total", "rc_decision_latency_seconds_bucket",
-                   "rc_warm_boot_seconds_bucket", "rc_decision_outcomes_total"):  # fmt: skip
+                   "rc_warm_boot_seconds_bucket", "rc_decision_outcomes_total",
+                   "rc_queue_depth", "rc_queue_wait_seconds_bucket",
+                   "rc_queue_requests_total"):  # fmt: skip
         assert metric in named, metric
     machinery = {"rc_leader", "rc_applied_seq", "rc_commit_seconds_total", "rc_dead_letters_total"}
     assert not named & machinery

@@ -12,6 +12,9 @@ Everything that handles config by its kind goes through :data:`CONFIG_KINDS`:
 - what uses an item, so that deleting it is refused while anything does (``users``):
   a class while a pool's claims name it, a GPU profile while a host names it or a lease
   was rendered against it; pools and GPU policies can always be deleted;
+- what an item to put contradicts in the config it would join (``conflicts``): a tenant
+  naming a pool another tenant names (a pool belongs to one tenant at most: its quota,
+  its share and its idle warm VMs are that tenant's);
 - the payload an entity is shown as (``payload``): what ``reconciler get`` prints and
   ``apply`` accepts back, and what ``diff`` compares, field by field.
 
@@ -96,6 +99,9 @@ class ConfigKind:
     payload: Callable[[Any], dict[str, Any]]
     #: what uses the named item in a config view (deleting it is refused while any does)
     users: Callable[[ConfigView, str], list[str]]
+    #: why the named item, as a config view holds it, contradicts the rest of the view
+    #: (``None``: it does not); putting it is refused. ``None``: a kind without conflicts
+    conflicts: Callable[[ConfigView, str], str | None] | None = None
 
     @property
     def name_field(self) -> str:
@@ -307,6 +313,24 @@ def _tenant_payload(tenant: Tenant) -> dict[str, Any]:
     }
 
 
+# ----------------------------------------------------------------------- conflicts
+
+
+def _tenant_conflicts(view: ConfigView, name: str) -> str | None:
+    tenants: dict[str, Tenant] = view.entities("tenant")
+    mine = tenants.get(name)
+    if mine is None:
+        return None
+    for other in sorted(tenants):
+        shared = [p for p in mine.pools if other != name and p in tenants[other].pools]
+        if shared:
+            return (
+                f"tenant {name!r}: pool {shared[0]!r} belongs to tenant {other!r} already "
+                "(a pool belongs to one tenant at most)"
+            )
+    return None
+
+
 # --------------------------------------------------------------------------- users
 
 
@@ -401,6 +425,7 @@ CONFIG_KINDS: Final[dict[str, ConfigKind]] = {
             build=_build_tenant,
             payload=_tenant_payload,
             users=_no_users,
+            conflicts=_tenant_conflicts,
         ),
     )
 }

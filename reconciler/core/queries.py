@@ -225,22 +225,34 @@ def config_check(state: State, change: ev.ApplyConfig) -> dict[str, Any]:
     return {"ok": all(r.error is None for r in results), "items": items}
 
 
+#: waiting requests in one ``queue`` answer: by default, and at most (a row is under
+#: 700 bytes, so the reply stays inside a NATS message with 10,000 waiting)
+QUEUE_REQUESTS = 500
+QUEUE_REQUESTS_MAX = 1000
+
+
 def queue(state: State, request: Mapping[str, Any]) -> dict[str, Any]:
     """The waiting requests in the order they would be admitted (:mod:`reconciler.core.
-    waiting`): all, or those of one ``pool`` or one ``tenant``; ``position`` is each
-    one's place in its pool's queue, 1-based."""
+    waiting`): all, or those of one ``pool`` or one ``tenant``, the first ``limit`` of
+    them; ``position`` is each one's place in its pool's queue, 1-based; ``total``
+    counts every one that matched."""
+    limit = _limit(request, default=QUEUE_REQUESTS, most=QUEUE_REQUESTS_MAX)
     pool, tenant = request.get("pool"), request.get("tenant")
     for key, value in (("pool", pool), ("tenant", tenant)):
         if value is not None and (not isinstance(value, str) or not value or len(value) > 128):
             raise QueryError("invalid", f"{key!r} must be a name")
     positions: dict[PoolName, int] = {}
     requests: list[dict[str, Any]] = []
+    total = 0
     for entry in ordered(state):
         position = positions[entry.pool] = positions.get(entry.pool, 0) + 1
         tenant_name = tenant_of(state, entry.pool)
         if (pool is not None and entry.pool != pool) or (
             tenant is not None and tenant_name != tenant
         ):
+            continue
+        total += 1
+        if len(requests) == limit:
             continue
         requests.append(
             {
@@ -257,7 +269,7 @@ def queue(state: State, request: Mapping[str, Any]) -> dict[str, Any]:
                 "overtaken": entry.passed,
             }
         )
-    return {"requests": requests}
+    return {"requests": requests, "total": total}
 
 
 def _shown(value: Any) -> Any:

@@ -42,7 +42,8 @@ Vector = list[int]
 
 
 def owner(state: State, pool: PoolName) -> Tenant | None:
-    """The tenant whose pools name ``pool``, if any (the first by name)."""
+    """The tenant whose pools name ``pool``, if any (at most one does: the fold refuses a
+    tenant naming another tenant's pool, :mod:`reconciler.core.configs`)."""
     for name in sorted(state.tenants):
         tenant = state.tenants[name]
         if pool in tenant.pools:

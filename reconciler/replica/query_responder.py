@@ -107,7 +107,19 @@ class QueryResponder:
             logger.debug("query.reply_failed", query=name, error=repr(exc))
 
     async def answer(self, name: str, data: bytes) -> bytes:
-        """The reply bytes for query ``name`` with request body ``data``."""
+        """The reply bytes for query ``name`` with request body ``data``: never more than
+        a message may carry (the server would refuse the reply, and the asker would wait
+        out its timeout without learning why)."""
+        reply = await self._answer(name, data)
+        if len(reply) > MAX_PAYLOAD_BYTES:
+            return error_reply(
+                INVALID,
+                f"the answer is {len(reply)} bytes, over the {MAX_PAYLOAD_BYTES} a message "
+                "may carry: ask for less (a smaller 'limit', one pool, tenant or host)",
+            )
+        return reply
+
+    async def _answer(self, name: str, data: bytes) -> bytes:
         limit = MAX_PAYLOAD_BYTES if name == CONFIG_CHECK else MAX_REQUEST_BYTES
         if len(data) > limit:
             return error_reply(INVALID, f"request of {len(data)} bytes is over {limit}")

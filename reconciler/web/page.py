@@ -144,8 +144,10 @@ def render_overview(
     now: str,
     refresh_s: int = 0,
     problem: str | None = None,
+    queue: Mapping[str, Any] | None = None,
 ) -> str:
-    """The page at ``/``: the fleet's totals, a page of hosts, every pool and the most
+    """The page at ``/``: the fleet's totals, a page of hosts, every pool, the requests
+    waiting in the admission queue (the ``queue`` answer, when there is one) and the most
     recent decisions; ``problem`` (a replica did not answer) is shown above them."""
     hosts: Sequence[Mapping[str, Any]] = fleet.get("hosts", []) if fleet else []
     totals = fleet.get("totals") if fleet else None
@@ -170,6 +172,8 @@ def render_overview(
             pools=pools,
             any_hit=any(p["hit"] is not None for p in pools),
             decisions=list(decisions.get("decisions", [])) if decisions else [],
+            waiting=list(queue.get("requests", [])) if queue else [],
+            waiting_total=int(queue.get("total", 0) or 0) if queue else 0,
         )
     )
 

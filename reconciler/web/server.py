@@ -123,6 +123,10 @@ class WebConfig:
     wait_s: float = 5.0
 
 
+#: waiting requests the page lists (the queue query's ``total`` says how many wait)
+QUEUE_SHOWN = 50
+
+
 class Queries:
     """The page's data: the queries of any synced replica, over ``nc``."""
 
@@ -137,6 +141,18 @@ class Queries:
         )
         decisions = await self.client.query("decisions", {}, within_s=self.wait_s)
         return fleet, decisions
+
+    async def queue(self) -> dict[str, Any] | None:
+        """The first :data:`QUEUE_SHOWN` waiting requests (the ``queue`` answer), or
+        ``None`` from a replica of a release without queues (it does not know the
+        query): the page then has no queue to show, not a problem."""
+        try:
+            found = await self.client.query("queue", {"limit": QUEUE_SHOWN}, within_s=self.wait_s)
+        except QueryFailed as exc:
+            if exc.code == "invalid":
+                return None
+            raise
+        return found if isinstance(found, dict) else None
 
     async def lease(self, identifier: str) -> dict[str, Any] | None:
         """The lease ``identifier`` names, with its history and decisions; ``None``
@@ -225,11 +241,14 @@ class WebServer:
         after = request.query.get("after") or None
         try:
             fleet, decisions = await self.queries.overview(after)
+            waiting = await self.queries.queue()
         except (ClientError, MessageError) as exc:
             html = render_overview(None, None, now=_now(), refresh_s=self.config.refresh_s,
                                    problem=_problem(exc))  # fmt: skip
             return web.Response(text=html, status=503, content_type="text/html")
-        html = render_overview(fleet, decisions, now=_now(), refresh_s=self.config.refresh_s)
+        html = render_overview(
+            fleet, decisions, now=_now(), refresh_s=self.config.refresh_s, queue=waiting
+        )
         return web.Response(text=html, content_type="text/html")
 
     async def _find(self, request: web.Request) -> web.Response:

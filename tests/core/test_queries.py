@@ -412,6 +412,20 @@ def test_the_queue_query_lists_waiting_requests_in_admission_order() -> None:
     assert every[0]["deadline"] == "2026-12-02T10:00:38.000Z"
     assert [r["request_id"] for r in queue(f.state, {"pool": "low"})["requests"]] == ["l1", "l2"]
     assert queue(f.state, {"tenant": "nobody"})["requests"] == []
+    # the first `limit` in admission order, and how many matched
+    first = queue(f.state, {"limit": 2})
+    assert [r["request_id"] for r in first["requests"]] == ["h1", "l1"] and first["total"] == 3
+    low = queue(f.state, {"pool": "low", "limit": 1})
+    assert [(r["request_id"], r["position"]) for r in low["requests"]] == [("l1", 1)]
+    assert low["total"] == 2
+
+
+@pytest.mark.parametrize("limit", [0, 1001, "5", True])
+def test_the_queue_query_refuses_a_limit_out_of_range(limit: object) -> None:
+    from reconciler.core.queries import queue
+
+    with pytest.raises(QueryError, match="'limit' must be an integer from 1 to 1000"):
+        queue(Fleet().state, {"limit": limit})
 
 
 # =========================================================================== fleet

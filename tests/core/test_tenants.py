@@ -13,7 +13,7 @@ from reconciler.core.model import LeaseState, RequestId
 from reconciler.core.queries import queue
 from reconciler.core.state import Effects
 from reconciler.core.tenants import quota_refusal, usage
-from tests.support.builders import Fleet, admit, cmd, lifecycle, pool, snapshot
+from tests.support.builders import Fleet, admit, apply_config, cmd, lifecycle, pool, snapshot
 
 
 def tenant(name: str, pools: list[str], **fields: Any) -> tuple[str, dict[str, Any]]:
@@ -51,6 +51,35 @@ def test_limits_without_a_cohort_are_refused_by_name() -> None:
     fx = f.send(tenant("t", ["p"], borrowing_limit={"cpu": 1}))
     (rejected,) = [orjson.loads(o.payload) for o in fx.outputs]
     assert "need a cohort" in rejected["error"] and not f.state.tenants
+
+
+def test_a_pool_belongs_to_one_tenant_at_most() -> None:
+    f = Fleet()
+    f.send(pool("p"), pool("q"), tenant("a", ["p"]))
+    fx = f.send(tenant("b", ["q", "p"]))
+    (rejected,) = [orjson.loads(o.payload) for o in fx.outputs]
+    assert rejected["error"] == (
+        "tenant 'b': pool 'p' belongs to tenant 'a' already (a pool belongs to one tenant at most)"
+    )
+    assert sorted(f.state.tenants) == ["a"]
+    f.send(tenant("a", ["p", "q"]))  # a tenant may name its own pools again
+    assert f.state.tenants["a"].pools == ("p", "q")
+
+    # in one change: both tenants as the change would leave them, and nothing applied
+    fx = f.send(apply_config("c1", tenant("c", ["r"]), tenant("d", ["r"])))
+    (decision,) = [orjson.loads(o.payload) for o in fx.outputs]
+    assert decision["outcome"] == "rejected" and decision["reason"] == "invalid-config"
+    errors = [item.get("error", "") for item in decision["items"]]
+    assert ["belongs to tenant 'd'" in errors[0], "belongs to tenant 'c'" in errors[1]] == [
+        True,
+        True,
+    ]
+    assert sorted(f.state.tenants) == ["a"]
+    # moving a pool from one tenant to another in one change is fine
+    fx = f.send(apply_config("c2", tenant("a", ["p"]), tenant("e", ["q"])))
+    (decision,) = [orjson.loads(o.payload) for o in fx.outputs]
+    assert decision["outcome"] == "applied", decision
+    assert f.state.tenants["e"].pools == ("q",)
 
 
 def test_a_quota_refuses_or_queues_and_a_release_admits() -> None:

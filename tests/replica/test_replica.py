@@ -15,7 +15,7 @@ from nats.aio.client import Client
 from reconciler.bus.decoder import Decoder
 from reconciler.bus.input_consumer import InputConsumer
 from reconciler.bus.schemas import load
-from reconciler.core.model import PoolName
+from reconciler.core.model import HostName, PoolName
 from reconciler.core.state import State
 from reconciler.replay.replay import replay_into
 from reconciler.replica.pipeline import Pipeline
@@ -367,6 +367,37 @@ async def test_queries_answer_cache_not_ready_until_synced(nc: Client, tmp_path:
         pipeline.synced.set()
         reply = orjson.loads(await responder.answer("resolve", b'{"identifier": "x"}'))
         assert reply["error"]["code"] == "not-found"
+
+
+async def test_an_answer_too_large_for_a_message_is_an_error_that_says_so(
+    nc: Client, tmp_path: Path
+) -> None:
+    from reconciler.core.messages import MAX_PAYLOAD_BYTES
+    from reconciler.replica.query_responder import QueryResponder
+    from tests.support.builders import Fleet
+
+    n = 6000  # `assignments` of one host lists every lease: over 1 MiB
+    f = Fleet()
+    f.send(b.snapshot("h1"), b.pool("bulk", cpu=0, memory_mib=0, disk_gib=0, max_instances=n))
+    f.send(*[b.admit(f"r{i}", "bulk", f"vm-{i:05d}-{'x' * 40}") for i in range(n)])
+    async with await Store.open(tmp_path / "rc.db") as store:
+        consumer = InputConsumer(nc, nc.jetstream(), stream="RC_IN", durable="x")
+        pipeline = Pipeline(
+            store=store, state=f.state, consumer=consumer, decoder=Decoder(), prefix="rc"
+        )
+        pipeline.synced.set()
+
+        async def health() -> dict[str, Any]:
+            return {}
+
+        responder = QueryResponder(nc=nc, pipeline=pipeline, prefix="rc", health=health)
+        uid = f.state.hosts[HostName("h1")].uid
+        request = orjson.dumps({"host": "h1", "uid": uid})
+        reply = await responder.answer("assignments", request)
+        assert len(reply) < 1024
+        error = orjson.loads(reply)["error"]
+        assert error["code"] == "invalid"
+        assert f"over the {MAX_PAYLOAD_BYTES} a message may carry: ask for less" in error["message"]
 
 
 async def test_status_is_published_for_changed_hosts_and_pools(

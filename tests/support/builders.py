@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from reconciler.core.fold import fold
-from reconciler.core.inputs import Message, from_payload
+from reconciler.core.inputs import CONFIG_NAME_FIELDS, Message, from_payload
 from reconciler.core.state import Effects, State
 
 TS0 = "2026-12-02T10:00:00Z"
@@ -332,6 +332,6 @@ def subject_of(item: tuple[str, dict[str, Any]], *, prefix: str = "rc") -> str:
     if family == "host":
         return f"{prefix}.in.host.{payload['host']}.{what}"
     if family == "config":
-        name = payload["class"] if what == "class" else payload.get("pool") or payload["name"]
+        name = payload[CONFIG_NAME_FIELDS[what]]
         return f"{prefix}.in.config.{what}.{name}"
     return f"{prefix}.in.cmd.{what}"

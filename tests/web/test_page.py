@@ -162,3 +162,24 @@ def test_identifiers_are_quoted_whole_in_links() -> None:
 )
 def test_bars_are_clamped_and_coloured_by_how_full(bar: Bar, percent: float, level: str) -> None:
     assert (bar.percent, bar.level) == (percent, level)
+
+
+def test_requests_waiting_for_room_are_listed_in_the_order_they_would_be_admitted() -> None:
+    f = Fleet()
+    f.send(snapshot("h1", cpu=8), pool("ci", cpu=4))
+    f.send(admit("a1", "ci", "vm-1"), admit("a2", "ci", "vm-2"))
+    f.send(admit("q1", "ci", "vm-3", wait_s=600), admit(EVIL, "ci", "vm-4", wait_s=600))
+    fleet_answer, decisions = answers(f)
+    waiting = QUERIES["queue"](f.state, {"limit": 1})
+    page = Parsed(render_overview(fleet_answer, decisions, now=NOW, queue=waiting))
+
+    rows = [a for t, a in page.tags if t == "tr" and a.get("class") == "waiting"]
+    assert [r["data-request"] for r in rows] == ["q1"]
+    assert "2 request(s) in the admission queue, the first 1 shown, in the order they would be " \
+        "admitted" in page.text  # fmt: skip
+    assert "insufficient-capacity" in page.text
+    every = render_overview(fleet_answer, decisions, now=NOW, queue=QUERIES["queue"](f.state, {}))
+    assert EVIL not in every and "&lt;script&gt;" in every  # a request id is escaped
+
+    for nothing in (None, {"requests": [], "total": 0}):
+        assert 'id="queue"' not in render_overview(fleet_answer, decisions, now=NOW, queue=nothing)

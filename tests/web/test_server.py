@@ -65,6 +65,23 @@ async def fetch(
         return r.status, dict(r.headers), await r.text()
 
 
+async def test_the_page_lists_the_requests_waiting_in_the_queue(
+    nc: Client, nats_url: str, tmp_path: Path
+) -> None:
+    bus = BusClient(nc)
+    async with running_replica(fast_config(nats_url, tmp_path / "rc.db")), serving(nc) as web:
+        await bus.send(b.snapshot("h1", cpu=4), b.pool("ci", cpu=4), b.admit("a1", "ci", "vm-1"))
+        await bus.decision("a1")
+        await bus.send(b.admit("q1", "ci", "vm-2", wait_s=600))
+        queued = await bus.decision("q1", phase="pending")
+        assert queued["outcome"] == "queued"
+
+        status, _, page = await fetch(web.url)
+        assert status == 200
+        assert 'id="queue"' in page and 'data-request="q1"' in page
+        assert "1 request(s) in the admission queue" in page and "insufficient-capacity" in page
+
+
 async def test_the_page_is_served_from_a_replicas_queries_with_headers_that_keep_it_to_itself(
     nc: Client, nats_url: str, tmp_path: Path
 ) -> None:

@@ -14,7 +14,9 @@ Rules:
   single input would be, and the change as a whole: an item named twice (or put and
   deleted), a deletion of what does not exist, a class still named by a pool's claims or
   a GPU profile still named by a host or rendered into an active lease (as the change
-  would leave them), a GPU profile changed without a newer revision. One refused item
+  would leave them), a GPU profile changed without a newer revision, a tenant naming a
+  pool another tenant names (as the change would leave them; a single tenant input is
+  checked against the state alike). One refused item
   and nothing changes: the decision is ``rejected`` (``invalid-config``) and lists every
   refused item with its reason. Otherwise every item is put or deleted and the decision
   is ``applied``, listing what became of each (``created``, ``updated``, ``deleted``,
@@ -86,6 +88,9 @@ def on_refused_config(step: Step, refused: ev.RefusedConfig) -> None:
 
 def _single(step: Step, spec: ConfigKind, name: str, cfg: Any) -> None:
     error = spec.check(cfg)
+    if error is None and spec.conflicts is not None:
+        view = ConfigView(step.state, put={spec.kind: {name: spec.build(cfg, step.seq)}})
+        error = spec.conflicts(view, name)
     if error is not None:
         step.reject_config(spec.kind, name, error)
         return
@@ -135,6 +140,11 @@ def plan_change(state: State, change: ev.ApplyConfig) -> list[ItemResult]:
         )
     view = ConfigView(state, put=put, deleted=deleted)
     for index, result in enumerate(results):
+        conflicts = CONFIG_KINDS[result.kind].conflicts
+        if result.error is None and result.change in ("created", "updated") and conflicts:
+            conflict = conflicts(view, result.name)
+            if conflict is not None:
+                results[index] = ItemResult(kind=result.kind, name=result.name, error=conflict)
         if result.change == "deleted":
             users = CONFIG_KINDS[result.kind].users(view, result.name)
             if users:
