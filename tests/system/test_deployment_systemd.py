@@ -337,7 +337,10 @@ async def test_stopping_the_stream_leader_node_and_the_leading_replica_loses_not
     # back: the node in the cluster, the replica ready and caught up
     await anyio.to_thread.run_sync(
         lambda: site.wait_http(
-            f"http://127.0.0.1:{site.ports.monitor[node]}/healthz", what=node, within_s=90,
+            # a node stopped hard rejoins once it is current with the meta leader again:
+            # seconds when the machine is quiet, over 90 s seen under load (one of
+            # ten runs); whether anything was lost is what the test asserts below
+            f"http://127.0.0.1:{site.ports.monitor[node]}/healthz", what=node, within_s=240,
             diagnose=lambda: site.journal(node, "reconciler-nats"),
         )
     )  # fmt: skip
