@@ -9,7 +9,11 @@ Rules:
   can never succeed (the server's certificate not trusted or not for that host name,
   our client certificate refused, our credentials refused) raises
   :class:`ConnectRefused` at once, saying which; later reconnections keep trying
-  (credentials may be rotated meanwhile). A one-shot connection (with
+  (credentials may be rotated meanwhile). A refused client certificate is named even
+  when the server's alert was lost to a reset (TLS 1.3 lets nats-py write ``CONNECT``
+  before the server has judged the certificate): after such a hang-up each server is
+  asked once more by :func:`~reconciler.bus.tls_probe.hangup_cause`, which writes
+  nothing after its handshake and so reads the alert. A one-shot connection (with
   ``initial_timeout_s``) logs its connect and close at debug only.
 - Disconnects, reconnects, errors and the final close are logged through structlog; the
   client never prints.
@@ -59,6 +63,7 @@ from reconciler.bus.nats_internals import (
     TlsOnlyClient,
     UnsupportedNatsPy,
 )
+from reconciler.bus.tls_probe import hangup_cause
 from reconciler.bus.violations import watch_of
 
 __all__ = [
@@ -70,6 +75,7 @@ __all__ = [
     "connect",
     "parse_urls",
     "shown_urls",
+    "tls_context",
 ]
 
 logger = structlog.get_logger(__name__)
@@ -241,11 +247,19 @@ async def connect(opts: ConnectOptions) -> Client:
         )
     log = logger.bind(connection=opts.name)
     nc = TlsOnlyClient() if opts.requires_tls else TidyClient()
+    #: the TLS context of every attempt (the system's trust store for a ``tls://`` URL
+    #: without TLS options, as nats-py would make it)
+    context = (
+        tls_context(opts.tls_ca_file, opts.tls_cert_file, opts.tls_key_file)
+        if opts.requires_tls
+        else None
+    )
     watch = watch_of(nc)
     #: why the first connection can never succeed (TLS or credentials refused)
     refusals: list[str] = []
     first_done = anyio.Event()  # later errors are a reconnection's: logged, retried
     refused = anyio.Event()
+    hung_up = anyio.Event()  # a first attempt's TLS connection was reset or cut
 
     async def on_disconnected() -> None:
         if nc.is_closed:  # our own close(): on_closed says so
@@ -262,6 +276,8 @@ async def connect(opts: ConnectOptions) -> Client:
                 refusals.append(why)
                 refused.set()
                 return
+            if context is not None and isinstance(exc, _HANGUPS):
+                hung_up.set()  # perhaps a refused client certificate: diagnose() asks
         violation = watch.record(exc)
         if violation is not None:
             log.error("nats.permission_violation", error=str(violation))
@@ -296,11 +312,7 @@ async def connect(opts: ConnectOptions) -> Client:
         user_credentials=opts.creds_file,
         nkeys_seed=opts.nkey_seed_file,
         inbox_prefix=opts.inbox_prefix,
-        tls=(
-            tls_context(opts.tls_ca_file, opts.tls_cert_file, opts.tls_key_file)
-            if opts.uses_tls
-            else None
-        ),
+        tls=context,
     )
     failed: list[Exception] = []
     try:
@@ -318,8 +330,24 @@ async def connect(opts: ConnectOptions) -> Client:
                     await refused.wait()
                     tg.cancel_scope.cancel()
 
+                async def diagnose() -> None:
+                    # a hang-up right after the TLS handshake may hide the server's
+                    # refusal of our certificate (see reconciler.bus.tls_probe): ask
+                    # each server once, with nothing written after the handshake
+                    await hung_up.wait()
+                    assert context is not None
+                    for url in opts.urls:
+                        cause = await hangup_cause(url, context, opts.connect_timeout_s)
+                        why = None if cause is None else _refusal(cause)
+                        log.debug("nats.tls_probe", server=shown_urls((url,)), refusal=why)
+                        if why is not None and not refused.is_set():
+                            refusals.append(why)
+                            refused.set()
+                            return
+
                 tg.start_soon(first_connect)
                 tg.start_soon(until_refused)
+                tg.start_soon(diagnose)
     except TimeoutError:
         with anyio.CancelScope(shield=True):
             await nc.close()
@@ -335,6 +363,11 @@ async def connect(opts: ConnectOptions) -> Client:
     first_done.set()
     routine("nats.connected", server=_server(nc))
     return nc
+
+
+#: how a first TLS attempt ends when the server refused our client certificate but its
+#: alert was lost to the reset of the ``CONNECT`` nats-py had already written
+_HANGUPS = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError, ssl.SSLEOFError)
 
 
 class ConnectRefused(ConnectionError):
