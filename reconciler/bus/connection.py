@@ -349,20 +349,37 @@ async def connect(opts: ConnectOptions) -> Client:
                 tg.start_soon(until_refused)
                 tg.start_soon(diagnose)
     except TimeoutError:
-        with anyio.CancelScope(shield=True):
-            await nc.close()
+        await _abandon(nc)
         raise TimeoutError(
             f"no NATS server reachable at {shown_urls(opts.urls)} within {opts.initial_timeout_s} s"
         ) from None
     if failed:
         raise failed[0]
     if refusals:
-        with anyio.CancelScope(shield=True):
-            await nc.close()
+        await _abandon(nc)
         raise ConnectRefused(f"cannot connect to NATS at {shown_urls(opts.urls)}: {refusals[0]}")
     first_done.set()
     routine("nats.connected", server=_server(nc))
     return nc
+
+
+#: how long closing a client whose first connection failed may take (it takes
+#: milliseconds, but for the case :func:`_abandon` describes)
+_ABANDON_WITHIN_S = 2.0
+
+
+async def _abandon(nc: Client) -> None:
+    """Close a client whose first connection failed, even while its caller is cancelled.
+
+    The wait is bounded: nats-py's ``close`` waits until the socket's close is confirmed
+    to the stream nats-py opened it with, and for an attempt cancelled during its TLS
+    upgrade that confirmation never comes (asyncio closes the socket, but reports it to
+    the TLS layer that nats-py had not taken over yet). The socket is closed either way."""
+    deadline = anyio.current_time() + _ABANDON_WITHIN_S
+    with anyio.CancelScope(shield=True, deadline=deadline) as scope:
+        await nc.close()
+    if scope.cancelled_caught:
+        logger.debug("nats.close_abandoned", within_s=_ABANDON_WITHIN_S)
 
 
 #: how a first TLS attempt ends when the server refused our client certificate but its

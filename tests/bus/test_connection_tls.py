@@ -387,3 +387,36 @@ async def test_a_refused_certificate_whose_alert_is_lost_is_still_named_at_once(
         await server.wait_closed()
         with anyio.fail_after(5):  # every attempt's handler has ended
             await asyncio.gather(*edge.handlers, return_exceptions=True)
+
+
+async def test_a_server_that_never_finishes_the_tls_handshake_is_given_up_at_the_timeout() -> None:
+    """The initial timeout cancels nats-py in the middle of its TLS upgrade; closing that
+    client must not wait for ever (nats-py's close waits for a confirmation that asyncio
+    gives the TLS layer, not the stream nats-py still holds)."""
+    hung: list[asyncio.StreamWriter] = []
+
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        info = {"server_id": "mute", "version": "2.9.10", "proto": 1,
+                "max_payload": 1048576, "tls_required": True}  # fmt: skip
+        writer.write(b"INFO " + orjson.dumps(info) + b"\r\n")
+        hung.append(writer)  # then silence: the client's ClientHello is never answered
+
+    server = await asyncio.start_server(mute, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        opts = ConnectOptions(
+            urls=(f"tls://127.0.0.1:{port}",),
+            reconnect_wait_s=0.1,
+            connect_timeout_s=30.0,  # the TLS upgrade is still waiting when we give up
+            initial_timeout_s=0.5,
+        )
+        started = time.monotonic()
+        with anyio.fail_after(45), pytest.raises(TimeoutError, match="no NATS server reachable"):
+            await connect(opts)
+        assert time.monotonic() - started < 20  # not held by the close
+        assert hung
+    finally:
+        for writer in hung:
+            writer.close()
+        server.close()
+        await server.wait_closed()
