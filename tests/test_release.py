@@ -19,7 +19,8 @@ import pytest
 from tests.support import release as rel
 from tests.support.repo import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+#: one release built for all three tests: one worker runs them (see scripts/test)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.xdist_group("release")]
 
 SCHEMAS = sorted(
     p.relative_to(ROOT).as_posix() for p in (ROOT / "reconciler" / "schemas").rglob("*.json")

@@ -37,7 +37,10 @@ from tests.support import builders as b
 from tests.support.bus import running_replica
 from tests.support.cluster import Deployment, deployment, make_credentials
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+#: the tests share one deployment and run in order (a replica refused before
+#: `provision`, then provisioned streams): one worker runs them all (scripts/test
+#: distributes with --dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.xdist_group("deployment")]
 
 #: component x forbidden action x what happened, filled by the tests (printed at the end)
 TABLE: list[tuple[str, str, str]] = []

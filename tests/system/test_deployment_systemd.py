@@ -48,7 +48,13 @@ from tests.support.garm import CONTROLLER, GARM_POOL, bootstrap
 from tests.support.state_diff import differences
 from tests.support.workload import mixed, publish_steadily
 
-pytestmark = [pytest.mark.real_incus, pytest.mark.slow, pytest.mark.timeout(900)]
+#: one site for both tests, built once: one worker runs them (see scripts/test)
+pytestmark = [
+    pytest.mark.real_incus,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.xdist_group("deployment-systemd"),
+]
 
 #: the figures of the module's tests, printed by the last one
 REPORT: list[str] = []
