@@ -2,8 +2,9 @@
 them against the contract, and publishing outputs exactly once.
 
 - :mod:`.connection`: connecting (credentials, TLS that never falls back to plaintext,
-  reconnection, connection logs); :mod:`.violations`: the server's permission
-  violations as typed errors.
+  reconnection, connection logs); :mod:`.tls_probe`: why a server hung up on a TLS
+  connection (a refused client certificate whose alert was lost to a reset);
+  :mod:`.violations`: the server's permission violations as typed errors.
 - :mod:`.streams`: the IN and OUT streams and the leader bucket, created or reconciled.
 - :mod:`.reader`: the one pull reader every stream reader of the project is built on;
   :mod:`.consumers`: every consumer it reads, configured in one place;
