@@ -193,15 +193,16 @@ class InputConsumer(PullReader):
         loop on it cannot spin without progress."""
         return 0 if self.needs_binding() else len(self._buffer)
 
-    async def fetch_buffered(self) -> list[Delivery]:
+    async def fetch_buffered(self, limit: int | None = None) -> list[Delivery]:
         """What is buffered, in order from :attr:`next_seq`, without waiting: ``[]`` when
-        nothing is. Asks the server for more as it hands deliveries out, so that they
-        keep coming while the caller is busy. Never raises, like
-        :meth:`fetch`; a consumer that needs a restart is left for :meth:`fetch`."""
+        nothing is; at most ``batch`` deliveries, and at most ``limit`` when given. Asks the
+        server for more as it hands deliveries out, so that they keep coming while the
+        caller is busy. Never raises, like :meth:`fetch`; a consumer that needs a restart
+        is left for :meth:`fetch`."""
         if self.needs_binding():
             return []
         try:
-            msgs = self.pop_buffered(self.batch)
+            msgs = self.pop_buffered(self.batch if limit is None else min(self.batch, limit))
             await self.pull_ahead()
             return await self._in_order(msgs) if msgs else []
         except Exception as exc:  # connection closed or draining, or the gap check failed

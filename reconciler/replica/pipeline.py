@@ -290,7 +290,7 @@ class Pipeline:
                 pending = await self._fold(deliveries)
             elif self._may_grow(pending):
                 # the writer is busy: what came meanwhile joins the batch in hand
-                more = await self.consumer.fetch_buffered()
+                more = await self.consumer.fetch_buffered(limit=self._room(pending))
                 if more:
                     pending = await self._fold_more(pending, more)
                 took_nothing = not more
@@ -310,8 +310,13 @@ class Pipeline:
     def _wake_reader(self) -> None:
         self._reader_wake.set()
 
+    def _room(self, pending: FoldedBatch) -> int:
+        """How many more deliveries the batch in hand may take: it grows to
+        :data:`MERGE_LIMIT` fetches of ``batch`` at most, never past."""
+        return MERGE_LIMIT * self.consumer.batch - len(pending.deliveries)
+
     def _may_grow(self, pending: FoldedBatch) -> bool:
-        return len(pending.deliveries) < MERGE_LIMIT * self.consumer.batch
+        return self._room(pending) > 0
 
     async def _hand_over(self, send: ObjectSendStream[FoldedBatch], folded: FoldedBatch) -> None:
         if folded.advanced:

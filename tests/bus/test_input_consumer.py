@@ -87,6 +87,19 @@ async def test_the_next_batches_are_requested_before_the_caller_asks(nc: Client)
     await consumer.close()
 
 
+async def test_what_is_buffered_is_handed_out_up_to_a_limit(nc: Client) -> None:
+    # the pipeline grows a batch in hand to MERGE_LIMIT fetches and never past it
+    _, consumer = await started_consumer(nc, messages=20, batch=5, from_seq=1, fetch_timeout_s=1)
+    seqs = [d.stream_seq for d in await consumer.fetch()]
+    with anyio.fail_after(5):
+        while consumer.buffered < 5:  # noqa: ASYNC110 - the lookahead fills the buffer
+            await anyio.sleep(0.01)
+    got = await consumer.fetch_buffered(limit=3)
+    assert [d.stream_seq for d in got] == [seqs[-1] + 1, seqs[-1] + 2, seqs[-1] + 3]
+    assert len(await consumer.fetch_buffered(limit=50)) <= 5  # never more than a batch
+    await consumer.close()
+
+
 async def test_a_refused_pull_restarts_the_consumer_at_once(nc: Client) -> None:
     bus, consumer = await started_consumer(nc, messages=2, batch=5, from_seq=1, fetch_timeout_s=5)
     assert await take(consumer, 2) == [1, 2]
