@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import time
@@ -120,6 +121,43 @@ async def test_a_replica_without_the_streams_fails_at_once_naming_the_permission
     TABLE.append(
         ("replica", "create stream RC_IN", f"StartupError in {time.monotonic() - started:.2f} s")
     )
+
+
+async def test_provision_waits_for_a_cluster_that_cannot_place_its_replicas_yet(
+    cluster: Deployment,
+) -> None:
+    """Right after the nodes start, R3 streams may not be placeable yet (as with a node
+    down): `provision` tries again until they are, or says why after --wait."""
+    args = ["provision", *cli_options(cluster, "admin"), "--stream-replicas", "3"]
+    node = cluster.nodes["nats-3"]
+    node.stop()
+    try:
+        short = await anyio.to_thread.run_sync(lambda: reconciler(*args, "--wait", "2"))
+        assert short.returncode == 1, short.stderr
+        lines = [line for line in short.stderr.splitlines() if line.startswith("Error:")]
+        assert len(lines) == 1, short.stderr
+        assert re.fullmatch(
+            r"Error: the JetStream cluster could not place 3 replica\(s\) within 2 s \(no "
+            r"suitable peers for placement[^)]*\): check that 3 NATS node\(s\) with JetStream "
+            r"are up and clustered, or give --stream-replicas the number there are",
+            lines[0],
+        ), lines[0]
+        assert "Traceback" not in short.stderr
+
+        async def start_the_node_later() -> None:
+            await anyio.sleep(3)
+            node.start()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(start_the_node_later)
+            waited = await anyio.to_thread.run_sync(lambda: reconciler(*args, "--wait", "45"))
+        assert waited.returncode == 0, waited.stderr
+        assert "provision.waiting" in waited.stderr
+        assert "3 replica(s)" in waited.stdout
+    finally:
+        if node.proc is None or node.proc.poll() is not None:
+            node.start()
+        await anyio.to_thread.run_sync(cluster.wait_ready)
 
 
 async def test_provision_creates_r3_streams_the_bucket_and_the_executor_consumer(

@@ -15,6 +15,9 @@ admin user runs this once (and again after changing a setting; it is idempotent)
   otherwise set a push ``deliver_subject`` to any subject. One that exists is left as it
   is.
 
+Run right after the NATS nodes start, a cluster still forming cannot place replicated
+streams yet; ``provision`` tries again every second for up to ``--wait`` seconds.
+
 Replicas' input consumers (``<PREFIX>_IN-<replica>``) are not made here: a replica
 recreates its own at every start, from the position its store has committed.
 """
@@ -27,6 +30,9 @@ from typing import Any
 
 import anyio
 import click
+import structlog
+from nats import errors as nats_errors
+from nats.js import errors as js_errors
 
 from reconciler.bus.connection import connect
 from reconciler.bus.consumers import Ensured, ensure_executor_consumer
@@ -50,6 +56,9 @@ from reconciler.executor.executor import ExecutorConfig, consumer_name
 from reconciler.replica.snapshot_bucket import SnapshotBucket
 
 __all__ = ["provision"]
+
+#: seconds ``provision`` waits for a JetStream cluster that is still forming
+CLUSTER_FORMING_WAIT_S = 60.0
 
 
 @click.command()
@@ -78,6 +87,15 @@ __all__ = ["provision"]
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="A fleet file: create the executor consumer of every host in it.",
 )
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    default=CLUSTER_FORMING_WAIT_S,
+    show_default=True,
+    help="Seconds to wait for a JetStream cluster that is still forming (its nodes just "
+    "started, the streams' replicas not placeable yet), trying again every second.",
+)
 @log_options
 def provision(**kwargs: Any) -> None:
     """Create (or update) the streams, the leader bucket and the executors' consumers, as
@@ -95,15 +113,71 @@ def provision(**kwargs: Any) -> None:
                 replicas=kwargs["stream_replicas"],
                 leader_ttl_s=kwargs["leader_ttl"],
                 hosts=hosts,
+                wait_s=kwargs["wait_s"],
             )
         )
-    except (StreamSetupError, PermissionViolation, TimeoutError) as exc:
+    except (StreamSetupError, PermissionViolation, TimeoutError, ClusterNotReady) as exc:
         raise click.ClickException(str(exc)) from None
     for line in done:
         click.echo(line)
 
 
+class ClusterNotReady(Exception):
+    """The JetStream cluster did not place the streams within the wait."""
+
+
+def _forming(exc: Exception) -> str | None:
+    """Why a JetStream API call failed, when a cluster that is still forming explains it
+    (its nodes started, not all known to the meta leader yet, or no meta leader yet)."""
+    if isinstance(exc, js_errors.APIError) and (
+        exc.err_code in (_NO_SUITABLE_PEERS, _JETSTREAM_UNAVAILABLE) or exc.code == 503
+    ):
+        return exc.description or type(exc).__name__
+    if isinstance(exc, (nats_errors.NoRespondersError, nats_errors.TimeoutError)):
+        return "no answer from the JetStream API"
+    return None
+
+
+#: JetStream's error codes for a cluster still forming: "no suitable peers for
+#: placement" (fewer nodes known than replicas asked for) and "JetStream system
+#: temporarily unavailable" (no meta leader yet)
+_NO_SUITABLE_PEERS = 10005
+_JETSTREAM_UNAVAILABLE = 10008
+
+
 async def _provision(
+    common: Common,
+    *,
+    replicas: int,
+    leader_ttl_s: float,
+    hosts: tuple[str, ...],
+    wait_s: float = CLUSTER_FORMING_WAIT_S,
+) -> list[str]:
+    """Provision; while the cluster is still forming (nodes just started: streams of
+    ``replicas`` cannot be placed yet), try again every second for up to ``wait_s``.
+    Every step is idempotent, so a try that placed some of it is simply repeated."""
+    log = structlog.get_logger(__name__)
+    deadline = anyio.current_time() + wait_s
+    while True:
+        try:
+            return await _provision_once(
+                common, replicas=replicas, leader_ttl_s=leader_ttl_s, hosts=hosts
+            )
+        except (js_errors.APIError, nats_errors.NoRespondersError, nats_errors.TimeoutError) as exc:
+            why = _forming(exc)
+            if why is None:
+                raise
+            if anyio.current_time() >= deadline:
+                raise ClusterNotReady(
+                    f"the JetStream cluster could not place {replicas} replica(s) within "
+                    f"{wait_s:g} s ({why}): check that {replicas} NATS node(s) with JetStream "
+                    "are up and clustered, or give --stream-replicas the number there are"
+                ) from None
+            log.info("provision.waiting", why=why, replicas=replicas)
+            await anyio.sleep(1.0)
+
+
+async def _provision_once(
     common: Common, *, replicas: int, leader_ttl_s: float, hosts: tuple[str, ...]
 ) -> list[str]:
     names = StreamNames.for_prefix(common.prefix)
