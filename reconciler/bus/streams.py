@@ -32,8 +32,9 @@ from enum import Enum
 from typing import Any
 
 import structlog
+from nats import errors as nats_errors
 from nats.js import JetStreamContext, api
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NotFoundError
 
 from reconciler.bus.nats_internals import client_of
 from reconciler.bus.violations import PermissionViolation, guarded
@@ -46,6 +47,7 @@ __all__ = [
     "LEADER_KEY",
     "StreamNames",
     "StreamSetupError",
+    "cluster_forming",
     "ensure_streams",
 ]
 
@@ -57,6 +59,10 @@ DEFAULT_LEADER_TTL_S = 10.0
 LEADER_KEY = "leader"
 
 _STREAM_NAME_IN_USE = 10058  # "stream name already in use with a different configuration"
+#: a cluster still forming: "no suitable peers for placement" (fewer nodes known than
+#: replicas asked for) and "JetStream system temporarily unavailable" (no meta leader yet)
+_NO_SUITABLE_PEERS = 10005
+_JETSTREAM_UNAVAILABLE = 10008
 _KV_DUPLICATE_WINDOW_MAX_S = 120.0  # what nats-py gives a KV bucket's stream
 
 
@@ -332,3 +338,15 @@ def _plain(value: Any) -> Any:
 
 def _loggable(values: dict[str, Any]) -> dict[str, Any]:
     return {field: _plain(value) for field, value in values.items()}
+
+
+def cluster_forming(exc: Exception) -> str | None:
+    """Why a JetStream API call failed, when a cluster that is still forming explains it
+    (its nodes started, not all known to the meta leader yet, or no meta leader yet)."""
+    if isinstance(exc, APIError) and (
+        exc.err_code in (_NO_SUITABLE_PEERS, _JETSTREAM_UNAVAILABLE) or exc.code == 503
+    ):
+        return exc.description or type(exc).__name__
+    if isinstance(exc, (nats_errors.NoRespondersError, nats_errors.TimeoutError)):
+        return "no answer from the JetStream API"
+    return None

@@ -40,6 +40,7 @@ from reconciler.bus.streams import (
     DEFAULT_LEADER_TTL_S,
     StreamNames,
     StreamSetupError,
+    cluster_forming,
     ensure_streams,
 )
 from reconciler.bus.violations import PermissionViolation
@@ -126,25 +127,6 @@ class ClusterNotReady(Exception):
     """The JetStream cluster did not place the streams within the wait."""
 
 
-def _forming(exc: Exception) -> str | None:
-    """Why a JetStream API call failed, when a cluster that is still forming explains it
-    (its nodes started, not all known to the meta leader yet, or no meta leader yet)."""
-    if isinstance(exc, js_errors.APIError) and (
-        exc.err_code in (_NO_SUITABLE_PEERS, _JETSTREAM_UNAVAILABLE) or exc.code == 503
-    ):
-        return exc.description or type(exc).__name__
-    if isinstance(exc, (nats_errors.NoRespondersError, nats_errors.TimeoutError)):
-        return "no answer from the JetStream API"
-    return None
-
-
-#: JetStream's error codes for a cluster still forming: "no suitable peers for
-#: placement" (fewer nodes known than replicas asked for) and "JetStream system
-#: temporarily unavailable" (no meta leader yet)
-_NO_SUITABLE_PEERS = 10005
-_JETSTREAM_UNAVAILABLE = 10008
-
-
 async def _provision(
     common: Common,
     *,
@@ -164,7 +146,7 @@ async def _provision(
                 common, replicas=replicas, leader_ttl_s=leader_ttl_s, hosts=hosts
             )
         except (js_errors.APIError, nats_errors.NoRespondersError, nats_errors.TimeoutError) as exc:
-            why = _forming(exc)
+            why = cluster_forming(exc)
             if why is None:
                 raise
             if anyio.current_time() >= deadline:
