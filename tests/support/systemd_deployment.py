@@ -360,21 +360,28 @@ def deploy(site: Site, inputs: Inputs) -> None:
         site.push(node, {"/etc/nats/node.env": node_env(ports, node).encode()}, mode=0o644)
         run(node, "nats-start")
 
-    def nats_diagnosis(node: str) -> str:
-        """What a node that is not ready says: its log without the healthcheck's own
-        lines (one every 0.3 s), and every node's routes and JetStream view."""
+    def nats_log(node: str) -> str:
+        """A node's log without the healthcheck's own lines (one every 0.3 s)."""
         log = site.journal(node, "reconciler-nats", lines=400)
         said = "\n".join(line for line in log.splitlines() if "Healthcheck failed" not in line)
+        return said[-6000:]
+
+    def cluster_views() -> str:
+        """Every node's routes and JetStream view (its meta group's peers among them)."""
         views = []
         for other in NODES:
             for page in ("routez", "jsz"):
                 url = f"http://127.0.0.1:{ports.monitor[other]}/{page}"
                 try:
                     with urllib.request.urlopen(url, timeout=2) as resp:
-                        views.append(f"{other} /{page}: {resp.read().decode()[:1500]}")
+                        views.append(f"{other} /{page}: {resp.read().decode()[:4000]}")
                 except OSError as exc:
                     views.append(f"{other} /{page}: {exc!r}")
-        return said[-6000:] + "\n" + "\n".join(views)
+        return "\n".join(views)
+
+    def nats_diagnosis(node: str) -> str:
+        """What a node that is not ready says, and every node's view of the cluster."""
+        return nats_log(node) + "\n" + cluster_views()
 
     def nats_ready() -> None:
         site.parallel(nats_node, NODES)
@@ -402,8 +409,11 @@ def deploy(site: Site, inputs: Inputs) -> None:
         try:
             run(REPLICAS[0], "provision")
         except RuntimeError as exc:
+            # what the cluster looked like to each node when placement failed
+            logs = "\n".join(f"--- {node}\n{nats_log(node)}" for node in NODES)
             raise AssertionError(
-                f"{exc}\n{site.journal(REPLICAS[0], 'reconciler-provision')}"
+                f"{exc}\n{site.journal(REPLICAS[0], 'reconciler-provision')}\n"
+                f"{cluster_views()}\n{logs}"
             ) from None
 
     site.timed("provision", provision)
